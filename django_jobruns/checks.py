@@ -1,0 +1,32 @@
+"""System checks, with stable ids."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core import checks
+
+
+@checks.register(checks.Tags.database, checks.Tags.compatibility)
+def check_sqlite_transaction_mode(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """jobruns.W001: SQLite without IMMEDIATE transactions fails under several workers."""
+    messages: list[checks.CheckMessage] = []
+    for alias, db in settings.DATABASES.items():
+        if "sqlite3" not in db.get("ENGINE", ""):
+            continue
+        mode = (db.get("OPTIONS") or {}).get("transaction_mode")
+        if str(mode).upper() != "IMMEDIATE":
+            messages.append(
+                checks.Warning(
+                    f"The SQLite database {alias!r} does not use transaction_mode='IMMEDIATE'.",
+                    hint=(
+                        "With more than one worker, a transaction that reads before it writes fails with "
+                        "'database is locked' under SQLite's default DEFERRED mode. Set "
+                        "DATABASES[%r]['OPTIONS']['transaction_mode'] = 'IMMEDIATE'; WAL mode "
+                        "(init_command 'PRAGMA journal_mode=WAL') is recommended too." % alias
+                    ),
+                    id="jobruns.W001",
+                )
+            )
+    return messages

@@ -1,0 +1,321 @@
+"""The drive: one bounded pass that claims due runs, runs their passes, releases them.
+
+Safe with any number of workers on any number of hosts: a run is driven only
+under a claim (one conditional UPDATE that compares the fence read with the
+due rows and sets a new one), every write of its pass carries that fence, and
+the lease is given back in ``finally``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import secrets
+import socket
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from django.db import connection
+from django.db.models import Q
+from django.utils import timezone
+
+from . import conf
+from .exceptions import InvalidDriveOptions
+from .models import JobRun, Status
+from .passes import Claim, PassOutcome, _summary, run_pass
+from .registry import Job, get_job, lookup, registered_jobs
+
+logger = logging.getLogger("django_jobruns")
+
+_holder_lock = threading.Lock()
+_holder: tuple[int, str] | None = None
+
+
+class StopSignal(Protocol):
+    def is_set(self) -> bool: ...
+
+
+def default_holder() -> str:
+    """Return this process's holder name: host, pid and a random suffix.
+
+    Per process, never per deployment: the holder is what tells a renewal from
+    a theft, so two workers sharing one would take claims from each other.
+    Recomputed after a fork, since the child is another worker.
+    """
+    global _holder
+    pid = os.getpid()
+    with _holder_lock:
+        if _holder is None or _holder[0] != pid:
+            _holder = (pid, f"{socket.gethostname()}:{pid}:{secrets.token_hex(4)}")
+        return _holder[1]
+
+
+@dataclass
+class DriveReport:
+    """What one ``run_due_jobs`` call did."""
+
+    attempted: int = 0
+    advanced: int = 0
+    completed: int = 0
+    retrying: int = 0
+    failed: int = 0
+    skipped: int = 0
+    stale: int = 0
+    lost: int = 0
+    unreleased: int = 0
+    errors: list[tuple[str, str]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    stopped: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    COUNTS = ("attempted", "advanced", "completed", "retrying", "failed", "skipped", "stale", "lost", "unreleased")
+
+    def add(self, name: str, by: int = 1) -> None:
+        with self._lock:
+            setattr(self, name, getattr(self, name) + by)
+
+    def record(self, run_id: str, outcome: PassOutcome) -> None:
+        with self._lock:
+            setattr(self, outcome.status, getattr(self, outcome.status) + 1)
+            if outcome.error is not None:
+                self.errors.append((run_id, outcome.error))
+            if outcome.warning is not None:
+                self.warnings.append(f"run {run_id}: {outcome.warning}")
+
+    def error(self, run_id: str, message: str) -> None:
+        with self._lock:
+            self.errors.append((run_id, message))
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self.COUNTS and key not in ("errors", "warnings", "stopped"):
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def as_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {name: getattr(self, name) for name in self.COUNTS}
+        data["errors"] = [list(pair) for pair in self.errors]
+        data["warnings"] = list(self.warnings)
+        data["stopped"] = self.stopped
+        return data
+
+    def summary(self) -> str:
+        counts = " ".join(f"{name}={getattr(self, name)}" for name in self.COUNTS)
+        return f"{counts} stopped={'yes' if self.stopped else 'no'}"
+
+
+def _positive_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidDriveOptions(f"{name} must be a whole number >= 1, got {value!r}")
+    if value < 1:
+        raise InvalidDriveOptions(f"{name} must be >= 1, got {value}: it would drive nothing while reporting success")
+    return value
+
+
+def _lease_ttl(value: Any) -> timedelta:
+    if isinstance(value, timedelta):
+        ttl = value
+    elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        ttl = timedelta(seconds=value)
+    else:
+        raise InvalidDriveOptions(f"lease_ttl must be a timedelta or a number of seconds, got {value!r}")
+    if ttl <= timedelta(0):
+        raise InvalidDriveOptions(
+            f"lease_ttl must be positive, got {value!r}: a lease that is already expired is one every worker can take at once"
+        )
+    return ttl
+
+
+def _holder_name(value: Any) -> str:
+    if value is None:
+        return default_holder()
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidDriveOptions(
+            f"holder must be non-empty text, got {value!r}: it tells a renewal from a theft, "
+            "so use something per process, such as a pod name plus a pid"
+        )
+    if len(value) > 255:
+        raise InvalidDriveOptions(f"holder must be at most 255 characters, got {len(value)}")
+    return value
+
+
+def _selected_jobs(value: Any) -> list[Job]:
+    if value is None:
+        return registered_jobs()
+    if isinstance(value, (str, Job)):
+        value = [value]
+    try:
+        refs = list(value)
+    except TypeError:
+        raise InvalidDriveOptions(f"jobs must be a list of jobs or 'app_label.name' strings, got {value!r}") from None
+    if not refs:
+        raise InvalidDriveOptions("jobs is empty: pass None to drive every registered job")
+    return [get_job(ref) for ref in refs]
+
+
+def _clock(value: Any) -> Callable[[], datetime]:
+    if value is None:
+        return timezone.now
+    if not callable(value):
+        raise InvalidDriveOptions(f"now must be a callable returning an aware datetime, got {value!r}")
+    return value  # type: ignore[no-any-return]
+
+
+def run_due_jobs(
+    *,
+    limit: int = 50,
+    max_passes: int = 1,
+    holder: str | None = None,
+    lease_ttl: timedelta | float = timedelta(minutes=5),
+    concurrency: int = 1,
+    jobs: Iterable[Job | str] | None = None,
+    stop: StopSignal | None = None,
+    now: Callable[[], datetime] | None = None,
+) -> DriveReport:
+    """Claim up to ``limit`` due runs, run up to ``max_passes`` passes of each, release them.
+
+    Options that cannot mean what they say raise :class:`InvalidDriveOptions`
+    before anything is claimed. A run's failure never escapes: it is recorded
+    on the run and reported in ``errors``.
+    """
+    limit = _positive_int(limit, "limit")
+    max_passes = _positive_int(max_passes, "max_passes")
+    concurrency = _positive_int(concurrency, "concurrency")
+    ttl = _lease_ttl(lease_ttl)
+    holder = _holder_name(holder)
+    selected = _selected_jobs(jobs)
+    clock = _clock(now)
+    if stop is not None and not callable(getattr(stop, "is_set", None)):
+        raise InvalidDriveOptions(f"stop must be a threading.Event (or have is_set()), got {stop!r}")
+    started = clock()
+    if not isinstance(started, datetime) or timezone.is_naive(started):
+        raise InvalidDriveOptions(f"now() must return an aware datetime, got {started!r}")
+
+    report = DriveReport()
+    if stop is not None and stop.is_set():
+        report.stopped = True
+        return report
+    if not selected:
+        return report
+    rows = _due_rows(selected, started, min(limit, int(conf.get("SCAN_MAX"))))
+    drive = _Drive(report, holder, ttl, clock, max_passes, stop)
+    if concurrency == 1 or len(rows) <= 1:
+        for row in rows:
+            if not drive.handle(*row):
+                break
+    else:
+        # Windowed: a claim is taken as its work starts, never for the whole
+        # batch up front, so the tail of a long batch does not expire unworked.
+        with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="jobruns") as pool:
+            for _ in pool.map(lambda row: drive.handle_in_thread(*row), rows):
+                pass
+    return report
+
+
+def _due_rows(selected: list[Job], now: datetime, scan: int) -> list[tuple[str, int, str, str]]:
+    """Read up to ``scan`` due runs of the selected jobs, oldest first, in one query.
+
+    Runs of jobs this process does not register are stepped over by the query
+    itself, so ``limit`` counts runnable runs and orphans cost nothing.
+    """
+    of_jobs = Q()
+    for entry in selected:
+        of_jobs |= Q(module=entry.module, job=entry.name)
+    return list(
+        JobRun.objects.due(now).filter(of_jobs).order_by("id").values_list("id", "lease_fence", "module", "job")[:scan]
+    )
+
+
+class _Drive:
+    def __init__(
+        self, report: DriveReport, holder: str, ttl: timedelta, clock: Callable[[], datetime],
+        max_passes: int, stop: StopSignal | None,
+    ) -> None:
+        self.report = report
+        self.holder = holder
+        self.ttl = ttl
+        self.clock = clock
+        self.max_passes = max_passes
+        self.stop = stop
+
+    def stopping(self) -> bool:
+        if self.stop is not None and self.stop.is_set():
+            self.report.stopped = True
+            return True
+        return False
+
+    def handle_in_thread(self, run_id: str, fence: int, module: str, job_name: str) -> bool:
+        try:
+            return self.handle(run_id, fence, module, job_name)
+        finally:
+            connection.close()
+
+    def claim(self, run_id: str, fence: int) -> Claim | None:
+        """Take the run if nobody else claimed it since it was read, or the claim expired."""
+        now = self.clock()
+        taken = (
+            JobRun.objects.filter(pk=run_id, lease_fence=fence, status=Status.RUNNING)
+            .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now))
+            .update(lease_holder=self.holder, lease_expires_at=now + self.ttl, lease_fence=fence + 1)
+        )
+        return Claim(run_id, self.holder, fence + 1, self.ttl, self.clock) if taken else None
+
+    def handle(self, run_id: str, fence: int, module: str, job_name: str) -> bool:
+        """Drive one run; return False once the stop signal says to take no more."""
+        if self.stopping():
+            return False
+        job = lookup(module, job_name)
+        if job is None:  # unregistered since the due read: step over it
+            return True
+        claim = self.claim(run_id, fence)
+        if claim is None:
+            self.report.add("skipped")
+            return True
+        self.report.add("attempted")
+        released = False
+        try:
+            run = JobRun.objects.get(pk=run_id)
+            # Checked under the claim: only then is the answer stable. The due
+            # read was a snapshot, and another worker may have finished the run
+            # and released it in between.
+            if run.status != Status.RUNNING or (run.next_attempt_at is not None and run.next_attempt_at > self.clock()):
+                self.report.add("stale")
+                return True
+            ledger = None
+            for number in range(1, self.max_passes + 1):
+                last = number == self.max_passes or self.stopping()
+                outcome = run_pass(run, job, claim, release=last, ledger=ledger)
+                self.report.record(run_id, outcome)
+                if outcome.status != "advanced" or last:
+                    # Every final write released the lease; a lost pass has none to give back.
+                    released = True
+                    break
+                if self.stopping():
+                    break
+                # The next pass resumes from what the store says was committed.
+                run = JobRun.objects.get(pk=run_id)
+                if run.lease_fence != claim.fence or run.status != Status.RUNNING:
+                    self.report.add("lost")
+                    released = True
+                    break
+                ledger = {}  # the commit dropped it
+        except Exception as exc:
+            logger.exception("run %s: the drive could not record its pass", run_id)
+            self.report.error(run_id, _summary(exc))
+        finally:
+            if not released:
+                self.release(claim)
+        return True
+
+    def release(self, claim: Claim) -> None:
+        try:
+            claim.fenced().update(lease_holder=None, lease_expires_at=None)
+        except Exception:
+            # Never raised: this runs in a finally that may be unwinding the
+            # pass's own error, which is the one the operator needs to see.
+            logger.exception("run %s: the lease could not be released; it lapses at its expiry", claim.run_id)
+            self.report.add("unreleased")

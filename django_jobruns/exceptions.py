@@ -1,0 +1,88 @@
+"""Errors raised by django-jobruns.
+
+Every error the app raises on purpose derives from :class:`JobRunsError`, so a
+caller can catch "anything this app refused" in one clause. Where a builtin or a
+Django exception already names the kind of failure, the error derives from it
+too (``UnknownJob`` is a ``LookupError``, ``QueueUnsafe`` a ``ValidationError``),
+so code written against those keeps working.
+"""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError
+
+
+class JobRunsError(Exception):
+    """Base class of every error django-jobruns raises on purpose."""
+
+
+class UnknownJob(JobRunsError, LookupError):
+    """A job was named that no app registers (or the name is malformed)."""
+
+
+class AlreadyRegistered(JobRunsError):
+    """A second handler was registered under a ``(module, job)`` key already taken."""
+
+
+class QueueUnsafe(JobRunsError, ValidationError):
+    """A payload or cursor holds a value JSON would drop or reshape.
+
+    ``path`` is the dotted location of the first offending value
+    (``payload.items.3``); the message names it and says why.
+    """
+
+    def __init__(self, message: str, *, path: str) -> None:
+        ValidationError.__init__(self, message, code="queue_unsafe", params={"path": path})
+        self.path = path
+
+    def __str__(self) -> str:
+        return self.messages[0]
+
+
+class InvalidDriveOptions(JobRunsError, ValueError):
+    """An option of ``run_due_jobs`` cannot mean what it says; nothing was claimed."""
+
+
+class InvalidPassResult(JobRunsError, ValueError):
+    """A handler returned something other than ``None`` or ``{"cursor": …, "done": …}``."""
+
+
+class StepReused(JobRunsError):
+    """A pass called ``step()`` twice under one name.
+
+    The second call would read the first one's memo and silently skip its own
+    work, so it is refused. ``reason`` is ``"job_step_reused"``.
+    """
+
+    reason = "job_step_reused"
+
+    def __init__(self, step: str) -> None:
+        super().__init__(
+            f"step {step!r} was already run in this pass: a step name identifies one unit of "
+            "work, so a second call under it would return the first one's result instead of "
+            "doing anything (job_step_reused)"
+        )
+        self.step = step
+
+
+class StepExhausted(JobRunsError):
+    """A step whose recorded attempts already reached its retry policy was asked for again."""
+
+    def __init__(self, step: str, attempts: int, last_error: str | None) -> None:
+        super().__init__(
+            f"step {step!r} is exhausted after {attempts} attempt(s): {last_error or 'no error recorded'}"
+        )
+        self.step = step
+        self.attempts = attempts
+
+
+class NotRestartable(JobRunsError, ValueError):
+    """Only a failed run can be restarted as a new run."""
+
+
+class LeaseLost(JobRunsError):
+    """This worker's claim on a run was taken over; its writes were refused by the fence."""
+
+
+class UndecodableRun(JobRunsError):
+    """A run's stored payload, cursor or counters cannot be decoded; its pass fails."""

@@ -1,0 +1,103 @@
+"""``manage.py run_due_jobs``: one bounded drive pass, for cron, systemd or a CronJob."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import signal
+import threading
+from datetime import timedelta
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError
+
+from django_jobruns.drive import run_due_jobs
+from django_jobruns.exceptions import JobRunsError
+
+
+def _positive_number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
+
+
+class Command(BaseCommand):
+    help = (
+        "Claim due job runs, run up to --max-passes passes of each, release them, and exit. "
+        "SIGTERM/SIGINT stop taking new runs; the pass in flight finishes and releases."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--limit", type=_positive_int, default=50, help="runs to take at most (default 50)")
+        parser.add_argument("--max-passes", type=_positive_int, default=1, help="passes per run (default 1)")
+        parser.add_argument("--concurrency", type=_positive_int, default=1, help="runs driven at once (default 1)")
+        parser.add_argument("--holder", default=None, help="lease holder name (default: host:pid:random)")
+        parser.add_argument("--lease-ttl", type=_positive_number, default=300.0,
+                            help="lease length in seconds (default 300); must outlast the longest step")
+        parser.add_argument("--job", action="append", dest="jobs", metavar="APP.NAME",
+                            help="drive only this job (repeatable)")
+        parser.add_argument("--max-seconds", type=_positive_number, default=None,
+                            help="stop taking new runs after this many seconds")
+        parser.add_argument("--json", action="store_true", help="print the report as JSON")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        stop = threading.Event()
+        previous = self._install_signal_handlers(stop)
+        timer = None
+        if options["max_seconds"] is not None:
+            timer = threading.Timer(options["max_seconds"], stop.set)
+            timer.daemon = True
+            timer.start()
+        try:
+            report = run_due_jobs(
+                limit=options["limit"],
+                max_passes=options["max_passes"],
+                holder=options["holder"],
+                lease_ttl=timedelta(seconds=options["lease_ttl"]),
+                concurrency=options["concurrency"],
+                jobs=options["jobs"],
+                stop=stop,
+            )
+        except JobRunsError as exc:
+            raise CommandError(str(exc)) from None
+        except DatabaseError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CommandError(f"cannot reach the database: {first}") from None
+        finally:
+            if timer is not None:
+                timer.cancel()
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        if options["json"]:
+            self.stdout.write(json.dumps(report.as_dict()))
+        else:
+            self.stdout.write(report.summary())
+            for run_id, error in report.errors:
+                self.stderr.write(f"run {run_id}: {error}")
+            for warning in report.warnings:
+                self.stderr.write(f"warning: {warning}")
+
+    @staticmethod
+    def _install_signal_handlers(stop: threading.Event) -> dict[int, Any]:
+        previous: dict[int, Any] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return previous  # signals can only be handled on the main thread
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            previous[signum] = signal.signal(signum, lambda *_: stop.set())
+        return previous

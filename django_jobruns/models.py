@@ -1,0 +1,138 @@
+"""The two tables: ``JobRun`` (the durable record) and ``JobStep`` (the ledger)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db import models
+from django.db.models import Q
+from ulid import ULID
+
+
+def new_run_id() -> str:
+    """Return a new ULID as text: unique, and sortable by creation time."""
+    return str(ULID())
+
+
+class Status(models.TextChoices):
+    RUNNING = "running", "running"
+    """Live: a drive pass will take it (a killed run stays here)."""
+    DONE = "done", "done"
+    """Finished: the handler said ``done``."""
+    FAILED = "failed", "failed"
+    """Given up: a retry policy was exhausted; the last ledger is kept as evidence."""
+
+
+class JobRunQuerySet(models.QuerySet["JobRun"]):
+    def live(self) -> JobRunQuerySet:
+        """Runs still running: at most one per key."""
+        return self.filter(status=Status.RUNNING)
+
+    def finished(self) -> JobRunQuerySet:
+        """Runs that reached ``done`` or ``failed``."""
+        return self.filter(status__in=(Status.DONE, Status.FAILED))
+
+    def for_key(self, module: str, job: str, instance: str) -> JobRunQuerySet:
+        return self.filter(module=module, job=job, instance=instance)
+
+    def due(self, now: datetime) -> JobRunQuerySet:
+        """Running runs whose backoff has passed and whose lease is free.
+
+        Led by ``status`` so that the read is a range of the ``jobruns_due``
+        index over the runs in flight, whatever history the table retains.
+        """
+        return self.filter(
+            Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now),
+            Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now),
+            status=Status.RUNNING,
+        )
+
+
+class JobRun(models.Model):
+    """One run of a job: its key, its progress, its outcome and its lease.
+
+    JSON is kept as text on purpose: a row restored from a hand-edited dump may
+    hold text that does not parse, and it must still be readable (the operator
+    read decodes tolerantly) and runnable (as a failed pass).
+    """
+
+    id = models.CharField(primary_key=True, max_length=26, default=new_run_id, editable=False)
+    module = models.CharField(max_length=100)
+    job = models.CharField(max_length=100)
+    instance = models.CharField(max_length=200, default="default")
+    # True while running, NULL once finished. Part of the unique key below:
+    # NULLs never collide, so only live runs occupy it, on every backend.
+    live = models.BooleanField(null=True, default=True, editable=False)
+    payload = models.TextField(default="null")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
+    cursor = models.TextField(null=True, blank=True)
+    counters = models.TextField(default="{}")
+    attempts = models.IntegerField(default=0)
+    last_error = models.TextField(null=True, blank=True)
+    last_warning = models.TextField(null=True, blank=True)
+    started_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    lease_holder = models.CharField(max_length=255, null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    lease_fence = models.BigIntegerField(default=0)
+    restarted_from = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="restarts"
+    )
+
+    objects = JobRunQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = "job run"
+        constraints = [
+            models.UniqueConstraint(fields=["module", "job", "instance", "live"], name="jobruns_one_live_run"),
+        ]
+        indexes = [
+            models.Index(fields=["status", "next_attempt_at", "id"], name="jobruns_due"),
+            models.Index(fields=["module", "job", "instance", "id"], name="jobruns_key"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.module}.{self.job}[{self.instance}] {self.id} ({self.status})"
+
+    @property
+    def label(self) -> str:
+        return f"{self.module}.{self.job}"
+
+    @property
+    def is_live(self) -> bool:
+        return self.status == Status.RUNNING
+
+    def as_record(self) -> Any:
+        from .records import JobRunRecord
+
+        return JobRunRecord.from_row(self)
+
+
+class JobStep(models.Model):
+    """A step of the pass in flight, recorded as it completes or fails.
+
+    ``result`` NOT NULL is what means completed (a step returning nothing stores
+    the JSON text ``null``); a step that raised keeps a NULL result and its
+    attempt count. The rows are dropped when the pass commits.
+    """
+
+    run = models.ForeignKey(JobRun, on_delete=models.CASCADE, related_name="steps")
+    step = models.CharField(max_length=255)
+    result = models.TextField(null=True, blank=True)
+    attempts = models.IntegerField(default=0)
+    last_error = models.TextField(null=True, blank=True)
+    recorded_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name = "job step"
+        constraints = [models.UniqueConstraint(fields=["run", "step"], name="jobruns_one_row_per_step")]
+
+    def __str__(self) -> str:
+        return self.step
+
+    @property
+    def completed(self) -> bool:
+        return self.result is not None

@@ -1,0 +1,360 @@
+"""One pass of one run, under a claim: the handler, its steps, and what gets written.
+
+- A committed pass writes the new cursor and counters, clears the retry state,
+  releases or extends the lease and drops the step ledger, in one transaction.
+- A failed pass writes nothing the handler produced: the cursor and counters
+  stay as the last commit left them and the ledger survives, so the next pass
+  skips the steps that did complete.
+- Every write carries the claim's fence. A worker whose lease was taken over
+  cannot write at all: its pass is reported ``lost``.
+- Step bodies run outside any transaction, so a slow upstream holds no lock.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import logging
+import math
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from types import MappingProxyType
+from typing import Any, TypeVar
+
+from django.db import transaction
+
+from .exceptions import InvalidPassResult, LeaseLost, StepExhausted, StepReused, UndecodableRun
+from .models import JobRun, JobStep, Status
+from .queue_safety import dump_queue_safe, dump_result
+from .registry import Job
+from .retry import RetryPolicy
+
+logger = logging.getLogger("django_jobruns")
+
+T = TypeVar("T")
+
+_RESULT_KEYS = ("cursor", "done")
+_MAX_ERROR_CHARS = 10_000
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A worker's hold on one run. The fence, not the holder, identifies it."""
+
+    run_id: str
+    holder: str
+    fence: int
+    ttl: timedelta
+    now: Callable[[], datetime]
+
+    def expiry(self, now: datetime) -> datetime:
+        return now + self.ttl
+
+    def fenced(self) -> Any:
+        """The run's row, as long as this claim is still the latest one."""
+        return JobRun.objects.filter(pk=self.run_id, lease_fence=self.fence)
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """What a handler may know about the run it is working for."""
+
+    id: str
+    module: str
+    job: str
+    instance: str
+
+
+@dataclass
+class _LedgerRow:
+    result: str | None
+    attempts: int
+    last_error: str | None
+
+
+@dataclass(frozen=True)
+class PassOutcome:
+    """What one pass did: ``advanced``, ``completed``, ``retrying``, ``failed`` or ``lost``."""
+
+    status: str
+    error: str | None = None
+    warning: str | None = None
+
+
+@dataclass
+class _StepFailure:
+    step: str
+    attempts: int
+    policy: RetryPolicy
+    exc: BaseException
+
+
+def load_ledger(run_id: str) -> dict[str, _LedgerRow]:
+    """Read the step ledger of the pass in flight, in one query."""
+    rows = JobStep.objects.filter(run_id=run_id).values_list("step", "result", "attempts", "last_error")
+    return {step: _LedgerRow(result, attempts, error) for step, result, attempts, error in rows}
+
+
+def _decode(text: str | None, what: str) -> Any:
+    try:
+        return json.loads(text) if text is not None else None
+    except (TypeError, ValueError) as exc:
+        raise UndecodableRun(f"cannot decode the run's {what}: {exc}") from None
+
+
+def decode_counters(text: str | None) -> dict[str, int | float]:
+    counters = _decode(text, "counters")
+    if not isinstance(counters, dict):
+        raise UndecodableRun(f"the run's counters are not a JSON object: {text!r:.200}")
+    for name, value in counters.items():
+        if type(value) not in (int, float) or not math.isfinite(value):
+            raise UndecodableRun(f"the run's counter {name!r} is not a finite number: {value!r:.100}")
+    return counters
+
+
+class Pass:
+    """The handler's view of one pass: payload, cursor, counters and steps."""
+
+    def __init__(self, run: JobRun, job: Job, claim: Claim, ledger: dict[str, _LedgerRow]) -> None:
+        # Decoding the row is part of the pass: a malformed value is a failed
+        # pass recorded on this run, not an error that escapes the drive.
+        self._payload = _decode(run.payload, "payload")
+        self._cursor = _decode(run.cursor, "cursor")
+        self._counters = decode_counters(run.counters)
+        self._run = RunRef(run.id, run.module, run.job, run.instance)
+        self._job = job
+        self._claim = claim
+        self._ledger = ledger
+        self._used: set[str] = set()
+        self._failed_step: _StepFailure | None = None
+        self._lost = False
+
+    @property
+    def payload(self) -> Any:
+        """The payload the run was started with (decoded JSON)."""
+        return self._payload
+
+    @property
+    def cursor(self) -> Any:
+        """What the last committed pass handed forward; ``None`` before the first."""
+        return self._cursor
+
+    @property
+    def counters(self) -> Mapping[str, int | float]:
+        """A read-only view of the run's counters, including this pass's counts."""
+        return MappingProxyType(self._counters)
+
+    @property
+    def run(self) -> RunRef:
+        return self._run
+
+    def count(self, name: str, by: int | float = 1) -> None:
+        """Add ``by`` to counter ``name``; kept only if the pass commits."""
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"a counter name is non-empty text, got {name!r}")
+        if type(by) not in (int, float) or not math.isfinite(by):
+            raise TypeError(f"count({name!r}, by=...) takes a finite int or float, got {by!r}")
+        self._counters[name] = self._counters.get(name, 0) + by
+
+    def step(self, name: str, fn: Callable[[], T], *, retry: RetryPolicy | None = None) -> Any:
+        """Run ``fn`` once for this pass and return its result through its stored form.
+
+        A step already completed (in an earlier, failed attempt of this pass, or
+        before the process was killed) is not run again: its recorded result is
+        returned. Step names must be a pure function of the payload and prior
+        results.
+        """
+        if not isinstance(name, str) or not name or len(name) > 255:
+            raise ValueError(f"a step name is non-empty text of at most 255 characters, got {name!r:.300}")
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise TypeError(f"step {name!r}: retry must be a RetryPolicy, got {retry!r}")
+        if self._lost:
+            raise LeaseLost(f"run {self._run.id}: the lease was taken over; step {name!r} not run")
+        if name in self._used:
+            raise StepReused(name)
+        self._used.add(name)
+        policy = retry or self._job.retry or _default_retry()
+        prior = self._ledger.get(name)
+        if prior is not None and prior.result is not None:
+            return json.loads(prior.result)
+        attempts = max(prior.attempts, 0) + 1 if prior is not None else 1
+        if prior is not None and policy.exhausted(prior.attempts):
+            # Spent already (a stop came between the step's last failed attempt and
+            # the run being marked failed): calling it again would be one more
+            # request upstream for a run that fails anyway.
+            exc = StepExhausted(name, prior.attempts, prior.last_error)
+            self._failed_step = _StepFailure(name, prior.attempts, policy, exc)
+            raise exc
+        try:
+            value = fn()
+            stored = dump_result(value)
+        except Exception as exc:
+            self._record_step(name, None, attempts, _summary(exc))
+            self._failed_step = _StepFailure(name, attempts, policy, exc)
+            raise
+        self._record_step(name, stored, attempts, None)
+        # Returned through the stored form, on the first run as on a replay, so
+        # resumed code never sees a different type.
+        return json.loads(stored)
+
+    def _record_step(self, name: str, result: str | None, attempts: int, error: str | None) -> None:
+        claim = self._claim
+        now = claim.now()
+        try:
+            with transaction.atomic():
+                # The fence check and the heartbeat in one statement; the step row
+                # is written only if this claim is still the latest.
+                if not claim.fenced().update(lease_expires_at=claim.expiry(now)):
+                    raise LeaseLost(f"run {claim.run_id}: the lease was taken over while step {name!r} ran")
+                if name in self._ledger:
+                    JobStep.objects.filter(run_id=claim.run_id, step=name).update(
+                        result=result, attempts=attempts, last_error=error, recorded_at=now
+                    )
+                else:
+                    JobStep.objects.create(
+                        run_id=claim.run_id, step=name, result=result, attempts=attempts,
+                        last_error=error, recorded_at=now,
+                    )
+        except LeaseLost:
+            self._lost = True
+            raise
+        self._ledger[name] = _LedgerRow(result, attempts, error)
+
+    def _unused_memos(self) -> list[str]:
+        return sorted(name for name, row in self._ledger.items() if row.result is not None and name not in self._used)
+
+
+def _default_retry() -> RetryPolicy:
+    from . import conf
+
+    policy: RetryPolicy = conf.default_retry()
+    return policy
+
+
+def _summary(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _with_traceback(summary: str, exc: BaseException) -> str:
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return f"{summary}\n\n{tb}"[:_MAX_ERROR_CHARS]
+
+
+def interpret_result(result: Any, current_cursor: str | None) -> tuple[str | None, bool]:
+    """Return ``(cursor text to store, done)`` for a handler's return value.
+
+    A missing ``cursor`` key keeps the cursor; ``{"cursor": None}`` resets it
+    (stored as JSON ``null``). Any other key is refused, so a typo cannot
+    silently keep the cursor.
+    """
+    if result is None:
+        return current_cursor, False
+    if not isinstance(result, Mapping):
+        raise InvalidPassResult(
+            f"a handler returns None or a mapping with 'cursor' and/or 'done', got {type(result).__name__}: {result!r:.200}"
+        )
+    unknown = [key for key in result if key not in _RESULT_KEYS]
+    if unknown:
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(str(key), _RESULT_KEYS, n=1)
+            hints.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
+        raise InvalidPassResult(
+            f"the handler's result has unknown key(s) {', '.join(hints)}; only 'cursor' and 'done' are allowed"
+        )
+    done = result.get("done", False)
+    if type(done) is not bool:
+        raise InvalidPassResult(f"the handler's 'done' must be True or False, got {done!r:.100}")
+    cursor = dump_queue_safe(result["cursor"], "cursor") if "cursor" in result else current_cursor
+    return cursor, done
+
+
+def run_pass(run: JobRun, job: Job, claim: Claim, *, release: bool, ledger: dict[str, _LedgerRow] | None = None) -> PassOutcome:
+    """Run one pass of ``run`` under ``claim`` and write what happened.
+
+    ``release`` says whether the pass's final write also gives the lease back
+    (the last pass of this drive for the run); otherwise it extends it. Never
+    raises for the handler's own failures; a database error writing the
+    outcome propagates to the drive, which reports it.
+    """
+    p: Pass | None = None
+    try:
+        if ledger is None:
+            ledger = load_ledger(run.id)
+        p = Pass(run, job, claim, ledger)
+        returned = job.handler(p)
+        cursor, done = interpret_result(returned, run.cursor)
+    except LeaseLost:
+        return PassOutcome("lost")
+    except Exception as exc:
+        if p is not None and p._lost:
+            return PassOutcome("lost")
+        return _fail(run, job, claim, p, exc)
+
+    warning = None
+    unused = p._unused_memos()
+    if unused:
+        warning = (
+            f"pass committed with completed steps it never asked for: {', '.join(unused)}; "
+            "step names must be a pure function of the payload and prior results, or resume repeats work"
+        )
+        logger.warning("run %s (%s.%s): %s", run.id, run.module, run.job, warning)
+    now = claim.now()
+    fields: dict[str, Any] = {
+        "cursor": cursor,
+        "counters": json.dumps(p._counters, separators=(",", ":")),
+        "attempts": 0,
+        "last_error": None,
+        "next_attempt_at": None,
+        "updated_at": now,
+    }
+    if warning:
+        fields["last_warning"] = warning
+    if done:
+        fields.update(status=Status.DONE, ended_at=now, live=None)
+    if done or release:
+        fields.update(lease_holder=None, lease_expires_at=None)
+    else:
+        fields["lease_expires_at"] = claim.expiry(now)
+    with transaction.atomic():
+        if not claim.fenced().update(**fields):
+            return PassOutcome("lost")
+        if ledger:
+            JobStep.objects.filter(run_id=run.id).delete()
+    return PassOutcome("completed" if done else "advanced", warning=warning)
+
+
+def _fail(run: JobRun, job: Job, claim: Claim, p: Pass | None, exc: Exception) -> PassOutcome:
+    """Record a failed pass and give the lease back: a failed run waits out its backoff."""
+    step = p._failed_step if p is not None else None
+    if step is not None and step.exc is not exc:
+        step = None  # the handler caught the step's error and failed for another reason
+    job_policy = job.retry or _default_retry()
+    attempts = max(run.attempts, 0) + 1
+    policy = step.policy if step is not None else job_policy
+    against = step.attempts if step is not None else attempts
+    exhausted = policy.exhausted(against)
+    if step is not None and not isinstance(exc, StepExhausted):
+        summary = f"step {step.step!r} failed (attempt {step.attempts} of {policy.max_attempts}): {_summary(exc)}"
+    else:
+        summary = _summary(exc)
+    now = claim.now()
+    fields: dict[str, Any] = {
+        "attempts": attempts,
+        "last_error": _with_traceback(summary, exc),
+        "updated_at": now,
+        "lease_holder": None,
+        "lease_expires_at": None,
+    }
+    if exhausted:
+        fields.update(status=Status.FAILED, ended_at=now, next_attempt_at=None, live=None)
+    else:
+        fields["next_attempt_at"] = policy.next_attempt_at(against, now)
+    if not claim.fenced().update(**fields):
+        return PassOutcome("lost")
+    logger.warning("run %s (%s.%s) pass failed%s: %s", run.id, run.module, run.job,
+                   " and the run is failed" if exhausted else ", will retry", summary)
+    return PassOutcome("failed" if exhausted else "retrying", error=summary)

@@ -1,0 +1,93 @@
+"""Queue safety: only JSON's own values may cross into a run's record.
+
+A payload (at start) and a cursor (at every commit) are stored as JSON text and
+read back by a later pass, perhaps in another process after a deploy. A value
+that JSON silently drops or reshapes on that trip -- a tuple that comes back a
+list, a datetime that comes back a string, an integer dict key that comes back
+text, NaN that some readers refuse -- would let a run resume against something
+other than what it was given, and nothing would say so. Such values are refused
+here, naming the path, before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from django.core.serializers.json import DjangoJSONEncoder
+
+from .exceptions import QueueUnsafe
+
+_WHY = "a run carries ids and configuration: JSON's own values (dict, list, str, int, float, bool, None)"
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value!r}, which JSON cannot represent"
+    if isinstance(value, tuple):
+        return "a tuple, which JSON stores as a list"
+    if isinstance(value, (set, frozenset)):
+        return f"a {type(value).__name__}, which JSON cannot store"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return f"{type(value).__name__}, which JSON cannot store"
+    kind = type(value)
+    if isinstance(value, (dict, list, str, int, float)):
+        base = next(t for t in (dict, list, str, int, float) if isinstance(value, t))
+        return f"an instance of {kind.__module__}.{kind.__qualname__}, a subclass of {base.__name__} JSON would not keep"
+    return f"an instance of {kind.__module__}.{kind.__qualname__}"
+
+
+def check_queue_safe(value: Any, root: str) -> None:
+    """Raise :class:`QueueUnsafe` unless ``value`` survives JSON unchanged.
+
+    ``root`` names the value in the message (``"payload"``, ``"cursor"``); the
+    path of the first offending value is appended with dots, list indexes as
+    numbers: ``payload.items.3``.
+    """
+    on_path: set[int] = set()
+
+    def refuse(path: str, what: str) -> None:
+        raise QueueUnsafe(f"{root} is not queue-safe: {path} is {what}; {_WHY}", path=path)
+
+    def walk(item: Any, path: str) -> None:
+        kind = type(item)
+        if item is None or kind is bool or kind is str or kind is int:
+            return
+        if kind is float:
+            if not math.isfinite(item):
+                refuse(path, _describe(item))
+            return
+        if kind is not dict and kind is not list:
+            refuse(path, _describe(item))
+        if id(item) in on_path:
+            refuse(path, "a cycle back to a value already on this path")
+        on_path.add(id(item))
+        if kind is list:
+            for index, element in enumerate(item):
+                walk(element, f"{path}.{index}")
+        else:
+            for key, element in item.items():
+                if type(key) is not str:
+                    refuse(f"{path}.{key!r}", f"under a key of type {type(key).__name__}; JSON object keys are text")
+                walk(element, f"{path}.{key}")
+        on_path.discard(id(item))
+
+    walk(value, root)
+
+
+def dump_queue_safe(value: Any, root: str) -> str:
+    """Check ``value`` and return its JSON text."""
+    check_queue_safe(value, root)
+    return json.dumps(value, allow_nan=False, separators=(",", ":"))
+
+
+def dump_result(value: Any) -> str:
+    """Return a step result's stored form.
+
+    Not held to queue safety: a step result is the handler's own value, read back
+    by the handler. Dates, decimals and UUIDs become the text Django's encoder
+    gives them, and the handler receives that text on the first run and on replay
+    alike. Raises ``TypeError`` for a value with no JSON form at all.
+    """
+    return json.dumps(value, cls=DjangoJSONEncoder, separators=(",", ":"))

@@ -1,0 +1,130 @@
+"""The operator read: runs decoded tolerantly into frozen records."""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from .models import JobRun, Status
+
+LIST_LIMIT = 50
+LIST_MAX = 500
+
+
+@dataclass(frozen=True)
+class JobRunRecord:
+    """One run as an operator reads it, with every JSON column decoded.
+
+    A column that does not parse comes back empty (``payload`` and ``cursor``
+    ``None``, ``counters`` ``{}``) and ``decode_error`` names the first failure,
+    so an unreadable cursor is never mistaken for "no pass committed yet".
+    """
+
+    id: str
+    module: str
+    job: str
+    instance: str
+    status: str
+    payload: Any
+    cursor: Any
+    counters: dict[str, Any]
+    attempts: int
+    last_error: str | None
+    last_warning: str | None
+    started_at: datetime
+    updated_at: datetime
+    next_attempt_at: datetime | None
+    ended_at: datetime | None
+    lease_holder: str | None
+    lease_expires_at: datetime | None
+    lease_fence: int
+    restarted_from: str | None
+    decode_error: str | None
+
+    @classmethod
+    def from_row(cls, row: JobRun) -> JobRunRecord:
+        errors: list[str] = []
+
+        def parse(text: str | None, column: str, fallback: Any) -> Any:
+            if text is None:
+                return fallback
+            try:
+                return json.loads(text)
+            except (TypeError, ValueError) as exc:
+                errors.append(f"{column}: {exc}")
+                return fallback
+
+        # Every column is decoded before the error is read, so decode_error
+        # names the first failure of the row, in column order.
+        payload = parse(row.payload, "payload", None)
+        cursor = parse(row.cursor, "cursor", None)
+        counters = parse(row.counters, "counters", {})
+        if not isinstance(counters, dict):
+            errors.append(f"counters: not a JSON object but {type(counters).__name__}")
+            counters = {}
+        return cls(
+            id=row.id,
+            module=row.module,
+            job=row.job,
+            instance=row.instance,
+            status=row.status,
+            payload=payload,
+            cursor=cursor,
+            counters=counters,
+            attempts=row.attempts,
+            last_error=row.last_error,
+            last_warning=row.last_warning,
+            started_at=row.started_at,
+            updated_at=row.updated_at,
+            next_attempt_at=row.next_attempt_at,
+            ended_at=row.ended_at,
+            lease_holder=row.lease_holder,
+            lease_expires_at=row.lease_expires_at,
+            lease_fence=row.lease_fence,
+            restarted_from=row.restarted_from_id,
+            decode_error=errors[0] if errors else None,
+        )
+
+
+def list_limit(limit: Any) -> int:
+    """Clamp a caller's limit to 1..500 (default 50) before it goes near SQL."""
+    if limit is None:
+        return LIST_LIMIT
+    if isinstance(limit, bool) or not isinstance(limit, numbers.Real):
+        raise TypeError(f"limit must be a number, got {limit!r}")
+    value = float(limit)
+    if math.isnan(value):
+        return LIST_LIMIT
+    if math.isinf(value):
+        return LIST_MAX if value > 0 else 1
+    return int(min(LIST_MAX, max(1, math.floor(value))))
+
+
+def job_runs(
+    *,
+    module: str | None = None,
+    job: str | None = None,
+    instance: str | None = None,
+    status: str | None = None,
+    limit: int | None = None,
+) -> list[JobRunRecord]:
+    """Return runs, newest first, decoded tolerantly. ``limit`` is clamped to 1..500."""
+    rows = JobRun.objects.all()
+    if module is not None:
+        rows = rows.filter(module=module)
+    if job is not None:
+        if "." in job and module is None:
+            module, _, job = job.partition(".")
+            rows = rows.filter(module=module)
+        rows = rows.filter(job=job)
+    if instance is not None:
+        rows = rows.filter(instance=instance)
+    if status is not None:
+        if status not in Status.values:
+            raise ValueError(f"status must be one of {', '.join(Status.values)}; got {status!r}")
+        rows = rows.filter(status=status)
+    return [JobRunRecord.from_row(row) for row in rows.order_by("-id")[: list_limit(limit)]]

@@ -1,0 +1,133 @@
+"""The job registry: which handler runs a ``(module, job)`` key."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Union
+
+from .exceptions import AlreadyRegistered, UnknownJob
+from .retry import RetryPolicy
+
+if TYPE_CHECKING:
+    from .passes import Pass
+
+Handler = Callable[["Pass"], Union[Mapping[str, Any], None]]
+
+_lock = threading.Lock()
+_jobs: dict[tuple[str, str], Job] = {}
+
+
+class Job:
+    """A registered handler and what the driver needs to know about it.
+
+    Calling a ``Job`` calls its handler, so a decorated function stays usable as
+    a function.
+    """
+
+    def __init__(self, handler: Handler, *, module: str, name: str, retry: RetryPolicy | None) -> None:
+        self.handler = handler
+        self.module = module
+        self.name = name
+        self.retry = retry
+        functools.update_wrapper(self, handler)  # type: ignore[arg-type]
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.module, self.name)
+
+    @property
+    def label(self) -> str:
+        """The ``"app_label.name"`` string that refers to this job."""
+        return f"{self.module}.{self.name}"
+
+    def __call__(self, p: Pass) -> Mapping[str, Any] | None:
+        return self.handler(p)
+
+    def __repr__(self) -> str:
+        return f"<Job {self.label}>"
+
+
+def _app_label_for(module_name: str) -> str:
+    from django.apps import apps
+
+    config = apps.get_containing_app_config(module_name)
+    if config is not None:
+        return config.label
+    # Outside every installed app (a script, a test module): the top-level
+    # package stands in for the label, so the key is still stable.
+    return module_name.split(".")[0]
+
+
+def job(name: str | None = None, *, retry: RetryPolicy | None = None) -> Callable[[Handler], Job]:
+    """Register a handler as a job, under ``(app label, name)``.
+
+    ``name`` defaults to the function's name; the app label is that of the
+    installed app whose module defines the function. Registering a second
+    handler under a key that is taken raises :class:`AlreadyRegistered`
+    (re-executing the same definition, as a module reload does, replaces it).
+    """
+    if callable(name):
+        raise TypeError("use @job() or @job(\"name\"), not a bare @job")
+    if name is not None and (not isinstance(name, str) or not name or "." in name or len(name) > 100):
+        raise ValueError(f"job name must be non-empty text without dots, at most 100 characters; got {name!r}")
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        raise TypeError(f"retry must be a RetryPolicy, got {retry!r}")
+
+    def register(handler: Handler) -> Job:
+        if not callable(handler):
+            raise TypeError(f"@job decorates a callable, got {handler!r}")
+        module = _app_label_for(handler.__module__)
+        entry = Job(handler, module=module, name=name or handler.__name__, retry=retry)
+        with _lock:
+            existing = _jobs.get(entry.key)
+            if existing is not None and not _same_definition(existing.handler, handler):
+                raise AlreadyRegistered(
+                    f"job {entry.label!r} is already registered by "
+                    f"{existing.handler.__module__}.{existing.handler.__qualname__}"
+                )
+            _jobs[entry.key] = entry
+        return entry
+
+    return register
+
+
+def _same_definition(a: Handler, b: Handler) -> bool:
+    return a is not b and (a.__module__, a.__qualname__) == (b.__module__, b.__qualname__)
+
+
+def get_job(ref: Job | str | Callable[..., Any]) -> Job:
+    """Resolve a job object or an ``"app_label.name"`` string to its registration."""
+    if isinstance(ref, Job):
+        registered = _jobs.get(ref.key)
+        if registered is None:
+            raise UnknownJob(f"job {ref.label!r} is not registered")
+        return registered
+    if isinstance(ref, str):
+        module, dot, name = ref.partition(".")
+        if not dot or not module or not name:
+            raise UnknownJob(f"{ref!r} does not name a job: write it as 'app_label.job_name'")
+        registered = _jobs.get((module, name))
+        if registered is None:
+            known = ", ".join(sorted(j.label for j in _jobs.values())) or "none"
+            raise UnknownJob(f"no job is registered as {ref!r} (registered: {known})")
+        return registered
+    raise UnknownJob(f"{ref!r} is not a job: pass a function decorated with @job or an 'app_label.name' string")
+
+
+def lookup(module: str, name: str) -> Job | None:
+    """Return the job registered under ``(module, name)``, or ``None``."""
+    return _jobs.get((module, name))
+
+
+def registered_jobs() -> list[Job]:
+    """Return every registered job, in key order."""
+    return [_jobs[key] for key in sorted(_jobs)]
+
+
+def unregister(ref: Job | str) -> None:
+    """Forget a registration (for tests that define jobs on the fly)."""
+    entry = get_job(ref)
+    with _lock:
+        _jobs.pop(entry.key, None)

@@ -1,0 +1,92 @@
+"""Starting runs: a new run, or the live one for the key (coalescing)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from .exceptions import JobRunsError, NotRestartable
+from .models import JobRun, Status
+from .queue_safety import dump_queue_safe
+from .registry import Job, get_job
+
+# How many times an insert may collide with a live run that finishes before it
+# can be read. Each retry needs another run to start and finish in between.
+_JOIN_TRIES = 10
+
+
+def _check_instance(instance: Any) -> str:
+    if not isinstance(instance, str) or not instance or len(instance) > 200:
+        raise ValueError(f"instance must be non-empty text of at most 200 characters, got {instance!r:.300}")
+    return instance
+
+
+def _start_or_join(build: Callable[[], JobRun]) -> tuple[JobRun, bool]:
+    """Insert the run unless a live one holds its key; then return that one.
+
+    The database decides: the unique ``(module, job, instance, live)``
+    constraint admits one live run per key, so concurrent starts from any
+    number of threads, processes or hosts produce exactly one row.
+    """
+    for _ in range(_JOIN_TRIES):
+        candidate = build()
+        try:
+            with transaction.atomic():
+                candidate.save(force_insert=True)
+            return candidate, True
+        except IntegrityError:
+            live = JobRun.objects.for_key(candidate.module, candidate.job, candidate.instance).filter(live=True).first()
+            if live is not None:
+                return live, False
+            # The live run finished between the insert and the read: try again.
+    raise JobRunsError(f"could not start {candidate.module}.{candidate.job}[{candidate.instance}]: the key kept changing")
+
+
+def start_job_run(job: Job | str, *, instance: str = "default", payload: Any = None) -> tuple[JobRun, bool]:
+    """Start a run, or join the live one for the key.
+
+    Returns ``(run, created)``. ``created`` is False when a run of this job and
+    instance is already running: that run is returned unchanged, payload and
+    all. The payload is checked for queue safety before any row exists.
+    """
+    entry = get_job(job)
+    instance = _check_instance(instance)
+    text = dump_queue_safe(payload, "payload")
+
+    def build() -> JobRun:
+        now = timezone.now()
+        return JobRun(module=entry.module, job=entry.name, instance=instance, payload=text,
+                      started_at=now, updated_at=now)
+
+    return _start_or_join(build)
+
+
+def restart_job_run(run: JobRun | str, *, resume: bool = False) -> tuple[JobRun, bool]:
+    """Start a failed run again as a new run with the same key and payload.
+
+    The new run has its own id and ledger and records ``restarted_from``. With
+    ``resume=True`` it carries the failed run's last committed cursor and
+    counters; otherwise it starts from the beginning. A live run for the key is
+    joined instead (``created`` False). Refuses a run that is not failed.
+    """
+    run_id = run.pk if isinstance(run, JobRun) else run
+    current = JobRun.objects.filter(pk=run_id).first()
+    if current is None:
+        raise NotRestartable(f"no run has the id {run_id!r}")
+    if current.status != Status.FAILED:
+        raise NotRestartable(
+            f"run {current.id} is {current.status}; only a failed run can be restarted as a new run"
+        )
+
+    def build() -> JobRun:
+        now = timezone.now()
+        return JobRun(
+            module=current.module, job=current.job, instance=current.instance, payload=current.payload,
+            cursor=current.cursor if resume else None, counters=current.counters if resume else "{}",
+            restarted_from=current, started_at=now, updated_at=now,
+        )
+
+    return _start_or_join(build)

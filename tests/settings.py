@@ -1,0 +1,16 @@
+"""Test settings: the demo project plus the test app with its fixture jobs."""
+
+import os
+
+from testproject.settings import *  # noqa: F403
+from testproject.settings import DATABASES, INSTALLED_APPS, VAR_DIR
+
+INSTALLED_APPS = [*INSTALLED_APPS, "tests"]
+
+_db = DATABASES["default"]
+if _db["ENGINE"].endswith("sqlite3"):
+    # A file, not memory: worker processes spawned by the tests must see it.
+    _db["TEST"] = {"NAME": str(VAR_DIR / f"test-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.sqlite3")}
+# Worker processes started by a test connect to the test database directly.
+if os.environ.get("JOBRUNS_TEST_DB_NAME"):
+    _db["NAME"] = os.environ["JOBRUNS_TEST_DB_NAME"]
