@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from tests import jobs
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Clock:
+    """An injected clock: one instant, moved only by the test."""
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self.now = start or datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, **kwargs: float) -> datetime:
+        self.now += timedelta(**kwargs)
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def behaviour() -> Iterator[dict]:
+    jobs.BEHAVIOUR.clear()
+    yield jobs.BEHAVIOUR
+    jobs.BEHAVIOUR.clear()
+
+
+@pytest.fixture
+def effects(tmp_path: Path) -> Path:
+    return tmp_path / "effects.log"
+
+
+def effect_lines(path: Path) -> list[tuple[str, str]]:
+    if not path.exists():
+        return []
+    return [tuple(line.split()[:2]) for line in path.read_text().splitlines()]  # type: ignore[misc]
+
+
+def is_postgres() -> bool:
+    return connection.vendor == "postgresql"
+
+
+def worker_env() -> dict[str, str]:
+    """Environment for a worker process that talks to this test database."""
+    env = dict(os.environ)
+    env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+    env["JOBRUNS_TEST_DB_NAME"] = str(connection.settings_dict["NAME"])
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def manage(*args: str, **kwargs) -> subprocess.Popen:
+    """Start ``manage.py`` in a new process against the test database."""
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), *args],
+        env=worker_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs,
+    )

@@ -1,0 +1,86 @@
+"""Fixture jobs, autodiscovered like any app's jobs.py (registered as ``tests.<name>``)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from django_jobruns import RetryPolicy, job
+
+# In-process tests script the ``scripted`` job per instance.
+BEHAVIOUR: dict[str, Callable[[Any], Any]] = {}
+# Events the ``blocking`` job waits on, per instance: (entered, release).
+GATES: dict[str, tuple[threading.Event, threading.Event]] = {}
+
+FAST_RETRY = RetryPolicy(max_attempts=3, base_delay=60, max_delay=3600, factor=2, jitter=0)
+
+
+def effect(log: str, run_id: str, step: str) -> str:
+    """Append one line per executed step body: the independent evidence of work done."""
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"{run_id} {step} {os.getpid()}\n".encode())
+    finally:
+        os.close(fd)
+    return step
+
+
+@job(retry=FAST_RETRY)
+def walk(p: Any) -> dict[str, Any]:
+    """``passes`` passes of ``steps`` steps each; every step body leaves an effect line."""
+    payload = p.payload
+    position = p.cursor or 0
+    for index in range(payload.get("steps", 3)):
+        name = f"p{position}-s{index}"
+        p.step(name, lambda name=name: effect(payload["log"], p.run.id, name))
+    p.count("steps", payload.get("steps", 3))
+    p.count("passes")
+    following = position + 1
+    if following >= payload.get("passes", 1):
+        return {"cursor": following, "done": True}
+    return {"cursor": following}
+
+
+@job(retry=FAST_RETRY)
+def scripted(p: Any) -> Any:
+    """Whatever the test put in ``BEHAVIOUR`` under the run's instance."""
+    return BEHAVIOUR[p.run.instance](p)
+
+
+@job(retry=FAST_RETRY)
+def blocking(p: Any) -> Any:
+    """Two steps; the first blocks until the test says so.
+
+    In-process: on the ``GATES`` events of the run's instance. Across processes:
+    it opens the FIFO ``payload["fifo"]`` for writing (which blocks until the test
+    opens it to read, so the test knows the worker is inside the step), then
+    waits forever -- unless ``payload["marker"]`` exists, left by an earlier
+    attempt, in which case it returns at once.
+    """
+    payload = p.payload or {}
+
+    def first() -> str:
+        if "log" in payload:
+            effect(payload["log"], p.run.id, "first")
+        if "fifo" in payload:
+            marker = Path(payload["marker"])
+            if not marker.exists():
+                marker.touch()
+                with open(payload["fifo"], "w") as fifo:
+                    fifo.write(f"{os.getpid()}\n")
+                threading.Event().wait()
+        elif p.run.instance in GATES:
+            entered, release = GATES[p.run.instance]
+            if not entered.is_set():
+                entered.set()
+                release.wait(timeout=60)
+        return "first"
+
+    p.step("before", lambda: effect(payload["log"], p.run.id, "before") if "log" in payload else "before")
+    p.step("first", first)
+    p.step("second", lambda: effect(payload["log"], p.run.id, "second") if "log" in payload else "second")
+    p.count("passes")
+    return {"cursor": "end", "done": True}
