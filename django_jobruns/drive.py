@@ -258,7 +258,10 @@ class _Drive:
         """Take the run if nobody else claimed it since it was read, or the claim expired."""
         now = self.clock()
         taken = (
-            JobRun.objects.filter(pk=run_id, lease_fence=fence, status=Status.RUNNING)
+            # The fence read with the due rows is compared, not the status: a run
+            # changed out of band since the read is claimed and then given back as
+            # stale, so the report tells "finished elsewhere" from "held elsewhere".
+            JobRun.objects.filter(pk=run_id, lease_fence=fence)
             .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now))
             .update(lease_holder=self.holder, lease_expires_at=now + self.ttl, lease_fence=fence + 1)
         )

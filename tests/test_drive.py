@@ -1,0 +1,243 @@
+"""The drive: bounded, isolated, stoppable (D1, D4-D8)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from django_jobruns import run_due_jobs, start_job_run
+from django_jobruns.drive import default_holder
+from django_jobruns.exceptions import InvalidDriveOptions, UnknownJob
+from django_jobruns.models import JobRun, Status
+
+pytestmark = pytest.mark.django_db
+
+
+def _runs(behaviour, n, fn, prefix="r"):
+    runs = []
+    for i in range(n):
+        behaviour[f"{prefix}{i}"] = fn
+        runs.append(start_job_run("tests.scripted", instance=f"{prefix}{i}")[0])
+    return runs
+
+
+def test_d1_limit_counts_runnable_runs_and_orphans_are_stepped_over(behaviour, clock):
+    now = clock.now
+    for i in range(5):  # runs of a job this process does not register
+        JobRun.objects.create(module="elsewhere", job="gone", instance=f"o{i}", started_at=now, updated_at=now)
+    runs = _runs(behaviour, 3, lambda p: {"cursor": 1})
+    report = run_due_jobs(limit=2, now=clock)
+    assert report.attempted == 2 and report.advanced == 2
+    orphans = JobRun.objects.filter(module="elsewhere")
+    assert all(o.status == Status.RUNNING and o.attempts == 0 and o.lease_holder is None for o in orphans)
+    assert sorted(r.id for r in runs[:2]) == sorted(
+        JobRun.objects.filter(module="tests", cursor="1").values_list("id", flat=True))
+
+
+def test_d1_at_most_500_rows_are_read_per_call(behaviour, clock):
+    _runs(behaviour, 2, lambda p: None)
+    with CaptureQueriesContext(connection) as ctx:
+        run_due_jobs(limit=10_000, now=clock)
+    due_reads = [q["sql"] for q in ctx.captured_queries if q["sql"].startswith("SELECT") and "LIMIT" in q["sql"]]
+    assert due_reads and all("LIMIT 500" in sql for sql in due_reads[:1])
+
+
+def test_d1_scan_cap_is_a_setting(behaviour, clock, settings):
+    settings.JOBRUNS = {"SCAN_MAX": 2}
+    _runs(behaviour, 4, lambda p: None)
+    assert run_due_jobs(limit=50, now=clock).attempted == 2
+
+
+def test_d1_jobs_option_limits_the_drive(behaviour, clock, effects):
+    _runs(behaviour, 1, lambda p: {"done": True})
+    start_job_run("tests.walk", instance="w", payload={"log": str(effects)})
+    report = run_due_jobs(jobs=["tests.walk"], now=clock)
+    assert report.completed == 1
+    assert JobRun.objects.get(job="scripted").status == Status.RUNNING
+    with pytest.raises(UnknownJob):
+        run_due_jobs(jobs=["tests.missing"], now=clock)
+
+
+def test_d4_run_changed_after_the_due_read_is_given_back_stale(behaviour, clock):
+    called = []
+    (run,) = _runs(behaviour, 1, lambda p: called.append(1))
+
+    def finish_before_claim(execute, sql, params, many, context):
+        if sql.startswith("UPDATE") and "lease_holder" in sql and not called:
+            # Another actor finishes the run out of band between the read and the claim.
+            called.append("finished")
+            with connection.cursor() as cur:
+                cur.execute("UPDATE django_jobruns_jobrun SET status = 'done', live = NULL WHERE id = %s", [run.id])
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(finish_before_claim):
+        report = run_due_jobs(now=clock)
+    run.refresh_from_db()
+    assert report.stale == 1 and report.attempted == 1 and report.advanced == 0
+    assert called == ["finished"], "the handler never ran"
+    assert run.lease_holder is None and run.lease_expires_at is None
+
+
+def test_d5_failed_release_is_reported_and_does_not_hide_the_pass_error(behaviour, clock):
+    def handler(p):
+        p.step("a", lambda: 1)
+        return {"cursor": 1}
+
+    (run,) = _runs(behaviour, 1, handler)
+
+    broken = []
+
+    def break_writes_after_the_step(execute, sql, params, many, context):
+        # The database goes away as the pass commits: the commit fails, and so
+        # does every statement after it, the release included.
+        if sql.startswith("DELETE") or (broken and sql.split()[0] in ("UPDATE", "INSERT", "SELECT")):
+            broken.append(sql)
+            raise RuntimeError(f"injected: {sql.split()[0]}")
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(break_writes_after_the_step):
+        report = run_due_jobs(now=clock)
+    assert report.unreleased == 1
+    assert report.errors == [(run.id, "RuntimeError: injected: DELETE")]
+    assert broken[-1].startswith("UPDATE") and "lease_holder" in broken[-1], "the release was attempted"
+
+
+def test_d5_lease_is_released_when_the_handler_fails(behaviour, clock):
+    def handler(p):
+        raise RuntimeError("nope")
+
+    (run,) = _runs(behaviour, 1, handler)
+    run_due_jobs(now=clock)
+    run.refresh_from_db()
+    assert run.lease_holder is None and run.lease_expires_at is None and run.lease_fence == 1
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"holder": ""}, "holder must be non-empty"),
+        ({"holder": "   "}, "holder must be non-empty"),
+        ({"lease_ttl": timedelta(0)}, "lease_ttl must be positive"),
+        ({"lease_ttl": -5}, "lease_ttl must be positive"),
+        ({"lease_ttl": "300"}, "lease_ttl must be a timedelta"),
+        ({"concurrency": 0}, "concurrency must be >= 1"),
+        ({"concurrency": "2"}, "concurrency must be a whole number"),
+        ({"limit": 0}, "limit must be >= 1"),
+        ({"limit": -1}, "limit must be >= 1"),
+        ({"limit": "50"}, "limit must be a whole number"),
+        ({"limit": 2.5}, "limit must be a whole number"),
+        ({"max_passes": 0}, "max_passes must be >= 1"),
+        ({"jobs": []}, "jobs is empty"),
+        ({"now": "2026-01-01"}, "now must be a callable"),
+        ({"stop": True}, "stop must be a threading.Event"),
+    ],
+)
+def test_d6_bad_options_are_refused_before_anything_is_claimed(behaviour, options, message):
+    (run,) = _runs(behaviour, 1, lambda p: {"cursor": 1})
+    with CaptureQueriesContext(connection) as ctx, pytest.raises(InvalidDriveOptions, match=message):
+        run_due_jobs(**options)
+    assert ctx.captured_queries == []
+    run.refresh_from_db()
+    assert run.lease_fence == 0 and run.cursor is None
+
+
+def test_d6_naive_clock_is_refused(behaviour):
+    with pytest.raises(InvalidDriveOptions, match="aware datetime"):
+        run_due_jobs(now=lambda: __import__("datetime").datetime(2026, 1, 1))
+
+
+def test_d6_default_holder_is_per_process():
+    holder = default_holder()
+    host, pid, suffix = holder.rsplit(":", 2)
+    assert host == socket.gethostname() and pid == str(os.getpid()) and len(suffix) == 8
+    assert default_holder() == holder
+
+
+def test_d6_default_holder_is_written_on_the_claim(behaviour, clock):
+    holders = []
+    (run,) = _runs(behaviour, 1, lambda p: holders.append(JobRun.objects.get(pk=p.run.id).lease_holder))
+    run_due_jobs(now=clock)
+    assert holders == [default_holder()]
+    run_due_jobs(now=clock.advance(hours=1) and clock, holder="pod-7:42")
+    assert holders[-1] == "pod-7:42"
+
+
+def test_d7_stop_stops_taking_runs_but_the_pass_in_flight_finishes(behaviour, clock):
+    stop = threading.Event()
+
+    def first(p):
+        stop.set()  # arrives while this pass is in flight
+        p.step("s", lambda: "done anyway")
+        return {"cursor": "first"}
+
+    runs = _runs(behaviour, 1, first, prefix="a") + _runs(behaviour, 2, lambda p: {"cursor": "other"}, prefix="b")
+    report = run_due_jobs(stop=stop, max_passes=3, now=clock)
+    assert report.stopped and report.attempted == 1 and report.advanced == 1
+    states = {r.instance: r for r in JobRun.objects.all()}
+    assert json.loads(states["a0"].cursor) == "first"
+    assert states["a0"].lease_holder is None, "the run in flight was released"
+    assert states["b0"].cursor is None and states["b1"].cursor is None
+    assert runs[0].id == states["a0"].id
+
+
+@pytest.mark.django_db(transaction=True)
+def test_d7_concurrency_is_windowed(behaviour):
+    """With concurrency 2, a run's claim is taken as its work starts, not up front."""
+    seen = []
+    lock = threading.Lock()
+
+    def handler(p):
+        held = JobRun.objects.exclude(lease_holder=None).count()
+        with lock:
+            seen.append(held)
+        return {"cursor": 1}
+
+    _runs(behaviour, 6, handler)
+    report = run_due_jobs(concurrency=2)
+    assert report.attempted == 6 and report.advanced == 6
+    assert max(seen) <= 2
+
+
+def test_d8_max_passes_resume_from_what_was_committed(behaviour, clock):
+    cursors = []
+
+    def handler(p):
+        cursors.append(p.cursor)
+        p.step(f"s{p.cursor}", lambda: 1)
+        nxt = (p.cursor or 0) + 1
+        return {"cursor": nxt, "done": nxt == 5}
+
+    (run,) = _runs(behaviour, 1, handler)
+    report = run_due_jobs(max_passes=3, now=clock)
+    assert cursors == [None, 1, 2] and report.advanced == 3 and report.attempted == 1
+    report = run_due_jobs(max_passes=10, now=clock)
+    assert cursors[3:] == [3, 4] and report.completed == 1 and report.advanced == 1
+    run.refresh_from_db()
+    assert run.status == Status.DONE and run.cursor == "5"
+
+
+def test_d8_one_runs_failure_never_escapes_the_drive(behaviour, clock):
+    def bad(p):
+        raise SystemError("handler blew up")
+
+    _runs(behaviour, 1, bad, prefix="bad")
+    _runs(behaviour, 2, lambda p: {"done": True}, prefix="good")
+    report = run_due_jobs(now=clock)
+    assert report.attempted == 3 and report.completed == 2 and report.retrying == 1
+    assert report.errors[0][1] == "SystemError: handler blew up"
+
+
+def test_report_as_dict_and_summary(behaviour, clock):
+    _runs(behaviour, 1, lambda p: {"done": True})
+    report = run_due_jobs(now=clock)
+    data = report.as_dict()
+    assert data["completed"] == 1 and data["errors"] == [] and data["stopped"] is False
+    assert report["completed"] == 1
+    assert "completed=1" in report.summary()

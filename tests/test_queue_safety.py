@@ -1,0 +1,138 @@
+"""Queue safety: Q1 (payload and cursor hold only JSON's own values) and Q2 (step results)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import uuid
+from collections import OrderedDict
+from decimal import Decimal
+
+import pytest
+from django.core.exceptions import ValidationError
+from hypothesis import given
+from hypothesis import strategies as st
+
+from django_jobruns import run_due_jobs, start_job_run
+from django_jobruns.exceptions import JobRunsError, QueueUnsafe
+from django_jobruns.models import JobRun, JobStep
+from django_jobruns.queue_safety import check_queue_safe, dump_queue_safe
+
+
+class Thing:
+    pass
+
+
+class MyDict(dict):
+    pass
+
+
+class MyList(list):
+    pass
+
+
+class MyStr(str):
+    pass
+
+
+def _cycle_list():
+    items: list = [1]
+    items.append(items)
+    return {"items": items}
+
+
+def _cycle_dict():
+    node: dict = {}
+    node["self"] = node
+    return node
+
+
+UNSAFE = [
+    ({"items": [0, 1, 2, b"raw"]}, "payload.items.3", "bytes"),
+    ({"blob": bytearray(b"x")}, "payload.blob", "bytearray"),
+    ({"tags": {"a", "b"}}, "payload.tags", "set"),
+    ({"tags": frozenset({"a"})}, "payload.tags", "frozenset"),
+    ({"pair": (1, 2)}, "payload.pair", "tuple"),
+    ({"ids": {1: "one"}}, "payload.ids.1", "key of type int"),
+    ({"ratio": math.nan}, "payload.ratio", "nan"),
+    ({"ratio": math.inf}, "payload.ratio", "inf"),
+    ({"ratio": -math.inf}, "payload.ratio", "-inf"),
+    ({"at": dt.datetime(2026, 1, 1)}, "payload.at", "datetime"),
+    ({"on": dt.date(2026, 1, 1)}, "payload.on", "date"),
+    ({"price": Decimal("1.10")}, "payload.price", "Decimal"),
+    ({"id": uuid.UUID(int=1)}, "payload.id", "UUID"),
+    ({"obj": Thing()}, "payload.obj", "Thing"),
+    ({"d": MyDict(a=1)}, "payload.d", "subclass of dict"),
+    ({"d": OrderedDict(a=1)}, "payload.d", "subclass of dict"),
+    ({"l": MyList([1])}, "payload.l", "subclass of list"),
+    ({"s": MyStr("x")}, "payload.s", "subclass of str"),
+    ({"f": len}, "payload.f", "builtin_function_or_method"),
+    (_cycle_list(), "payload.items.1", "cycle"),
+    (_cycle_dict(), "payload.self", "cycle"),
+]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("payload, path, what", UNSAFE, ids=[u[1] + ":" + u[2] for u in UNSAFE])
+def test_q1_unsafe_payload_is_refused_naming_the_path_and_creates_nothing(payload, path, what):
+    with pytest.raises(QueueUnsafe) as caught:
+        start_job_run("tests.walk", instance="q1", payload=payload)
+    message = str(caught.value)
+    assert path in message and what in message, message
+    assert caught.value.path == path
+    assert isinstance(caught.value, ValidationError) and isinstance(caught.value, JobRunsError)
+    assert not JobRun.objects.exists()
+
+
+def test_q1_accepts_json_values_and_keeps_their_types():
+    value = {"a": [1, 2.5, "x", None, True, False, {"b": []}], "big": 2**70, "": -0.0, "uni": "é\u0000"}
+    text = dump_queue_safe(value, "payload")
+    assert json.loads(text) == value
+    shared = [1]
+    check_queue_safe({"x": shared, "y": shared}, "payload")  # shared, not cyclic
+
+
+@pytest.mark.django_db
+def test_q1_unsafe_cursor_is_refused_at_commit(behaviour):
+    behaviour["cur"] = lambda p: {"cursor": {"when": dt.datetime(2026, 1, 1)}}
+    run, _ = start_job_run("tests.scripted", instance="cur")
+    report = run_due_jobs()
+    run.refresh_from_db()
+    assert report.retrying == 1 and "cursor.when" in report.errors[0][1]
+    assert run.cursor is None
+
+
+@pytest.mark.django_db
+def test_q2_step_result_comes_back_through_its_stored_form_first_time_and_on_replay(behaviour, clock):
+    seen = []
+    when = dt.datetime(2026, 3, 1, 9, 30, tzinfo=dt.timezone.utc)
+
+    def handler(p):
+        got = p.step("fetch", lambda: {"pair": (1, 2), "at": when, "price": Decimal("9.99"), 3: "three"})
+        seen.append(got)
+        if len(seen) == 1:
+            raise ConnectionError("fail after the step, so the next pass replays its memo")
+        return {"done": True}
+
+    behaviour["q2"] = handler
+    run, _ = start_job_run("tests.scripted", instance="q2")
+    run_due_jobs(now=clock)
+    assert JobStep.objects.get(run=run, step="fetch").result is not None
+    clock.advance(hours=1)
+    run_due_jobs(now=clock)
+    assert seen[0] == seen[1] == {"pair": [1, 2], "at": "2026-03-01T09:30:00Z", "price": "9.99", "3": "three"}
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(), children, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(json_values)
+def test_q1_every_accepted_value_round_trips_unchanged(value):
+    restored = json.loads(dump_queue_safe(value, "payload"))
+    assert restored == value
+    assert json.dumps(restored, sort_keys=True) == json.dumps(value, sort_keys=True)
