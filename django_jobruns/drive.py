@@ -201,7 +201,7 @@ def run_due_jobs(
         return report
     if not selected:
         return report
-    rows = _due_rows(selected, started, min(limit, int(conf.get("SCAN_MAX"))))
+    rows = _due_rows(selected, started, limit, int(conf.get("SCAN_MAX")))
     drive = _Drive(report, holder, ttl, clock, max_passes, stop)
     if concurrency == 1 or len(rows) <= 1:
         for row in rows:
@@ -216,18 +216,31 @@ def run_due_jobs(
     return report
 
 
-def _due_rows(selected: list[Job], now: datetime, scan: int) -> list[tuple[str, int, str, str]]:
-    """Read up to ``scan`` due runs of the selected jobs, oldest first, in one query.
+def _due_rows(selected: list[Job], now: datetime, limit: int, scan_max: int) -> list[tuple[str, int, str, str]]:
+    """Read due runs of the selected jobs, oldest first, until ``limit`` are found.
 
-    Runs of jobs this process does not register are stepped over by the query
-    itself, so ``limit`` counts runnable runs and orphans cost nothing.
+    ``limit`` counts runnable runs, not rows read: runs of jobs this process
+    does not drive (another deployment's, or a registration since removed) are
+    stepped over, never failed, and the read pages past them -- at most
+    ``scan_max`` rows, so a table full of them cannot turn a drive into a scan.
+    The filter stays in Python so the read is a plain range of the due index.
     """
-    of_jobs = Q()
-    for entry in selected:
-        of_jobs |= Q(module=entry.module, job=entry.name)
-    return list(
-        JobRun.objects.due(now).filter(of_jobs).order_by("id").values_list("id", "lease_fence", "module", "job")[:scan]
-    )
+    wanted = {entry.key for entry in selected}
+    found: list[tuple[str, int, str, str]] = []
+    scanned = 0
+    after = ""
+    while len(found) < limit and scanned < scan_max:
+        page = min(limit, scan_max - scanned)
+        due = JobRun.objects.due(now)
+        if after:
+            due = due.filter(id__gt=after)
+        batch = list(due.order_by("id").values_list("id", "lease_fence", "module", "job")[:page])
+        scanned += len(batch)
+        found.extend(row for row in batch if (row[2], row[3]) in wanted)
+        if len(batch) < page:
+            break  # the end of the due runs
+        after = batch[-1][0]
+    return found[:limit]
 
 
 class _Drive:

@@ -1,0 +1,92 @@
+"""Cost pinned: statements per pass, memoized steps, the due read on its index (D9)."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from django_jobruns import run_due_jobs, start_job_run
+from django_jobruns.models import JobRun, JobStep, Status
+
+pytestmark = pytest.mark.django_db
+
+_TRANSACTION_CONTROL = ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE")
+
+
+def statements(ctx):
+    return [q["sql"] for q in ctx.captured_queries if not q["sql"].upper().startswith(_TRANSACTION_CONTROL)]
+
+
+@pytest.mark.parametrize("k", [1, 3, 10])
+def test_one_pass_of_k_fresh_steps_costs_at_most_2k_plus_6_statements(behaviour, clock, k):
+    def handler(p):
+        for i in range(k):
+            p.step(f"s{i}", lambda i=i: i)
+        p.count("steps", k)
+        return {"cursor": 1}
+
+    behaviour["cost"] = handler
+    start_job_run("tests.scripted", instance="cost")
+    with CaptureQueriesContext(connection) as ctx:
+        report = run_due_jobs(now=clock)
+    assert report.advanced == 1
+    sql = statements(ctx)
+    assert len(sql) <= 2 * k + 6, "\n".join(sql)
+    print(f"k={k}: {len(sql)} statements")
+
+
+def test_a_memoized_step_issues_no_statement(behaviour, clock):
+    calls = []
+
+    def handler(p):
+        p.step("memo", lambda: "stored")
+        calls.append(1)
+        with CaptureQueriesContext(connection) as ctx:
+            value = p.step("memo-2", lambda: "again") if len(calls) > 1 else None
+        calls.append(statements(ctx))
+        if len(calls) == 2:
+            raise ConnectionError("fail so the next pass replays")
+        return {"done": True}
+
+    run, _ = start_job_run("tests.scripted", instance="memo")
+    behaviour["memo"] = handler
+    JobStep.objects.create(run=run, step="memo-2", result='"x"', attempts=1, recorded_at=clock.now)
+    run_due_jobs(now=clock)
+    clock.advance(hours=1)
+    run_due_jobs(now=clock)
+    assert calls[-1] == [], "replaying a completed step touched the database"
+
+
+def _due_sql(now):
+    qs = JobRun.objects.due(now).order_by("id").values_list("id", "lease_fence", "module", "job")[:50]
+    sql, params = qs.query.sql_with_params()
+    return sql, params
+
+
+def _plan(now) -> str:
+    sql, params = _due_sql(now)
+    with connection.cursor() as cur:
+        if connection.vendor == "postgresql":
+            cur.execute("SET LOCAL enable_seqscan = off")
+            cur.execute("EXPLAIN " + sql, params)
+        else:
+            cur.execute("EXPLAIN QUERY PLAN " + sql, params)
+        return "\n".join(" ".join(str(c) for c in row) for row in cur.fetchall())
+
+
+def test_d9_due_read_uses_the_due_index_with_a_large_history():
+    now = timezone.now()
+    JobRun.objects.bulk_create(
+        [JobRun(module="tests", job="walk", instance=f"old{i}", status=Status.DONE, live=None,
+                started_at=now, updated_at=now, ended_at=now) for i in range(2000)]
+    )
+    start_job_run("tests.walk", instance="live")
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE")
+    plan = _plan(now)
+    assert "jobruns_due" in plan, plan
+    if connection.vendor == "sqlite":
+        assert "SEARCH django_jobruns_jobrun USING INDEX jobruns_due (status=?)" in plan, plan
+        assert "TEMP B-TREE" not in plan, plan
