@@ -57,7 +57,7 @@ def blocking(p: Any) -> Any:
     In-process: on the ``GATES`` events of the run's instance. Across processes:
     it opens the FIFO ``payload["fifo"]`` for writing (which blocks until the test
     opens it to read, so the test knows the worker is inside the step), then
-    waits forever -- unless ``payload["marker"]`` exists, left by an earlier
+    waits until the test opens the FIFO ``payload["release"]`` (or forever) -- unless ``payload["marker"]`` exists, left by an earlier
     attempt, in which case it returns at once.
     """
     payload = p.payload or {}
@@ -71,7 +71,11 @@ def blocking(p: Any) -> Any:
                 marker.touch()
                 with open(payload["fifo"], "w") as fifo:
                     fifo.write(f"{os.getpid()}\n")
-                threading.Event().wait()
+                if "release" in payload:
+                    with open(payload["release"]) as release:  # until the test lets go
+                        release.read()
+                else:
+                    threading.Event().wait()
         elif p.run.instance in GATES:
             entered, release = GATES[p.run.instance]
             if not entered.is_set():

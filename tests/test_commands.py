@@ -1,0 +1,134 @@
+"""``manage.py run_due_jobs``: options, output, refusals, signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from django_jobruns import start_job_run
+from django_jobruns.models import JobRun, Status
+from tests.conftest import ROOT, manage
+
+
+def run_command(*args):
+    out, err = StringIO(), StringIO()
+    call_command("run_due_jobs", *args, stdout=out, stderr=err)
+    return out.getvalue(), err.getvalue()
+
+
+@pytest.mark.django_db
+def test_command_prints_a_one_line_summary(behaviour):
+    behaviour["cmd"] = lambda p: {"done": True}
+    start_job_run("tests.scripted", instance="cmd")
+    out, _ = run_command()
+    assert out.strip() == (
+        "attempted=1 advanced=0 completed=1 retrying=0 failed=0 skipped=0 stale=0 lost=0 unreleased=0 stopped=no"
+    )
+
+
+@pytest.mark.django_db
+def test_command_json_report_and_options(behaviour, effects):
+    behaviour["j"] = lambda p: (_ for _ in ()).throw(RuntimeError("bad upstream"))
+    failing, _ = start_job_run("tests.scripted", instance="j")
+    walking, _ = start_job_run("tests.walk", instance="w", payload={"log": str(effects), "passes": 3})
+    out, _ = run_command("--json", "--limit", "5", "--max-passes", "2", "--holder", "cron-1", "--lease-ttl", "30",
+                         "--concurrency", "1")
+    report = json.loads(out)
+    assert report["attempted"] == 2 and report["advanced"] == 2 and report["retrying"] == 1
+    assert report["errors"] == [[failing.id, "RuntimeError: bad upstream"]]
+    walking.refresh_from_db()
+    assert walking.cursor == "2"
+    out, _ = run_command("--json", "--job", "tests.walk", "--max-passes", "5")
+    assert json.loads(out)["completed"] == 1
+    assert JobRun.objects.get(pk=failing.pk).attempts == 1, "--job kept the drive to tests.walk"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--holder", ""], "holder must be non-empty"),
+        (["--job", "tests.nothing"], "no job is registered as 'tests.nothing'"),
+    ],
+)
+def test_command_refuses_options_that_cannot_mean_what_they_say(args, message):
+    with pytest.raises(CommandError, match=message):
+        run_command(*args)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--limit", "0"], "expected a whole number >= 1"),
+        (["--limit", "ten"], "expected a whole number, got 'ten'"),
+        (["--concurrency", "0"], "expected a whole number >= 1"),
+        (["--max-passes", "-1"], "expected a whole number >= 1"),
+        (["--lease-ttl", "0"], "expected a positive number of seconds"),
+        (["--lease-ttl", "soon"], "expected a number of seconds"),
+        (["--max-seconds", "nan"], "expected a positive number of seconds"),
+    ],
+)
+def test_command_line_refuses_bad_numbers_with_a_clear_message(args, message):
+    proc = subprocess.run([sys.executable, str(ROOT / "manage.py"), "run_due_jobs", *args], cwd=ROOT,
+                          env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_command_exits_non_zero_with_one_line_when_the_database_is_unreachable(tmp_path):
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings",
+           "DATABASE_URL": "postgres://nobody@127.0.0.1:9/nowhere"}
+    env.pop("JOBRUNS_TEST_DB_NAME", None)
+    proc = subprocess.run([sys.executable, str(ROOT / "manage.py"), "run_due_jobs"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("CommandError: cannot reach the database:"), proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_command_on_signal_finishes_the_pass_in_flight_releases_and_exits_zero(tmp_path, effects, signum):
+    entered_fifo, release_fifo = tmp_path / "entered.fifo", tmp_path / "release.fifo"
+    os.mkfifo(entered_fifo)
+    os.mkfifo(release_fifo)
+    payload = {"log": str(effects), "fifo": str(entered_fifo), "release": str(release_fifo)}
+    runs = [start_job_run("tests.blocking", instance=f"sig{i}", payload={**payload, "marker": str(tmp_path / f"m{i}")})[0]
+            for i in range(2)]
+    worker = manage("run_due_jobs", "--json", "--limit", "2")
+    with open(entered_fifo) as entered:
+        assert int(entered.readline()) == worker.pid
+    worker.send_signal(signum)  # delivered while the worker is inside a step
+    with open(release_fifo, "w"):
+        pass  # now let the step finish
+    out, err = worker.communicate(timeout=60)
+    assert worker.returncode == 0, err
+    report = json.loads(out)
+    assert report["stopped"] is True and report["attempted"] == 1 and report["completed"] == 1
+    first, second = (JobRun.objects.get(pk=r.pk) for r in runs)
+    assert first.status == Status.DONE and first.lease_holder is None
+    assert second.status == Status.RUNNING and second.lease_fence == 0, "no new run was taken after the signal"
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_command_max_seconds_stops_taking_new_runs(effects):
+    for i in range(3):
+        start_job_run("tests.walk", instance=f"t{i}", payload={"log": str(effects)})
+    worker = manage("run_due_jobs", "--json", "--max-seconds", "600")
+    out, err = worker.communicate(timeout=120)
+    assert worker.returncode == 0, err
+    report = json.loads(out)
+    assert report["completed"] == 3 and report["stopped"] is False
+    assert JobRun.objects.filter(status=Status.DONE).count() == 3
