@@ -11,8 +11,12 @@ from django.core import checks
 @checks.register(checks.Tags.database, checks.Tags.compatibility)
 def check_sqlite_transaction_mode(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """jobruns.W001: SQLite without IMMEDIATE transactions fails under several workers."""
+    return sqlite_transaction_mode_warnings(settings.DATABASES)
+
+
+def sqlite_transaction_mode_warnings(databases: dict[str, Any]) -> list[checks.CheckMessage]:
     messages: list[checks.CheckMessage] = []
-    for alias, db in settings.DATABASES.items():
+    for alias, db in databases.items():
         if "sqlite3" not in db.get("ENGINE", ""):
             continue
         mode = (db.get("OPTIONS") or {}).get("transaction_mode")

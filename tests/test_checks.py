@@ -5,23 +5,23 @@ from __future__ import annotations
 from django.conf import settings
 from django.core.checks import run_checks
 
-from django_jobruns.checks import check_sqlite_transaction_mode
+from django_jobruns.checks import sqlite_transaction_mode_warnings
 
 
-def test_w001_warns_when_sqlite_lacks_immediate_transactions(settings):
-    settings.DATABASES = {
+def test_w001_warns_when_sqlite_lacks_immediate_transactions():
+    databases = {
         "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": "x", "OPTIONS": {}},
         "pg": {"ENGINE": "django.db.backends.postgresql", "NAME": "y"},
     }
-    (warning,) = check_sqlite_transaction_mode()
+    (warning,) = sqlite_transaction_mode_warnings(databases)
     assert warning.id == "jobruns.W001" and "'default'" in warning.msg and "IMMEDIATE" in warning.hint
 
 
-def test_w001_is_silent_when_immediate_is_set(settings):
-    settings.DATABASES = {
+def test_w001_is_silent_when_immediate_is_set():
+    databases = {
         "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": "x", "OPTIONS": {"transaction_mode": "IMMEDIATE"}},
     }
-    assert check_sqlite_transaction_mode() == []
+    assert sqlite_transaction_mode_warnings(databases) == []
 
 
 def test_the_test_project_passes_its_own_checks():
