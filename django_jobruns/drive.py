@@ -322,6 +322,10 @@ class _Drive:
         except Exception as exc:
             logger.exception("run %s: the drive could not record its pass", run_id)
             self.report.error(run_id, _summary(exc))
+            if not connection.in_atomic_block:
+                # A connection the server dropped is replaced before the release
+                # and the runs after this one try to use it.
+                connection.close_if_unusable_or_obsolete()
         finally:
             if not released:
                 self.release(claim)

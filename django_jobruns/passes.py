@@ -189,7 +189,13 @@ class Pass:
             raise exc
         try:
             value = fn()
-            stored = dump_result(value)
+            try:
+                stored = dump_result(value)
+            except (TypeError, ValueError) as exc:
+                raise TypeError(
+                    f"step {name!r} returned {type(value).__name__}, which has no JSON form; "
+                    "a step's result is stored, so return JSON-able data"
+                ) from exc
         except Exception as exc:
             self._record_step(name, None, attempts, _summary(exc))
             self._failed_step = _StepFailure(name, attempts, policy, exc)

@@ -353,3 +353,16 @@ def test_step_returning_nothing_is_stored_as_json_null_and_counts_as_completed(b
     clock.advance(hours=1)
     drive(clock)
     assert calls == [1]
+
+
+def test_step_result_without_a_json_form_fails_the_step_with_a_clear_message(behaviour, clock):
+    def handler(p):
+        p.step("odd", lambda: object())
+        return {"done": True}
+
+    run = start(behaviour, "nojson", handler)
+    report = drive(clock)
+    assert report.retrying == 1
+    assert "step 'odd' returned object, which has no JSON form" in report.errors[0][1]
+    step = JobStep.objects.get(run=run, step="odd")
+    assert step.result is None and step.attempts == 1
