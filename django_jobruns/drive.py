@@ -230,7 +230,9 @@ def _due_rows(selected: list[Job], now: datetime, limit: int, scan_max: int) -> 
     scanned = 0
     after = ""
     while len(found) < limit and scanned < scan_max:
-        page = min(limit, scan_max - scanned)
+        # Pages of at least 50 rows, so that a small limit behind many orphans
+        # costs a few reads rather than one per orphan.
+        page = min(max(limit, 50), scan_max - scanned)
         due = JobRun.objects.due(now)
         if after:
             due = due.filter(id__gt=after)

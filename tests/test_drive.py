@@ -45,8 +45,8 @@ def test_d1_at_most_500_rows_are_read_per_call(behaviour, clock):
     _runs(behaviour, 2, lambda p: None)
     with CaptureQueriesContext(connection) as ctx:
         run_due_jobs(limit=10_000, now=clock)
-    due_reads = [q["sql"] for q in ctx.captured_queries if q["sql"].startswith("SELECT") and "LIMIT" in q["sql"]]
-    assert due_reads and all("LIMIT 500" in sql for sql in due_reads[:1])
+    due_reads = [q["sql"] for q in ctx.captured_queries if q["sql"].startswith("SELECT") and "ORDER BY" in q["sql"]]
+    assert len(due_reads) == 1 and "LIMIT 500" in due_reads[0]
 
 
 def test_d1_scan_cap_is_a_setting(behaviour, clock, settings):
@@ -241,3 +241,16 @@ def test_report_as_dict_and_summary(behaviour, clock):
     assert data["completed"] == 1 and data["errors"] == [] and data["stopped"] is False
     assert report["completed"] == 1
     assert "completed=1" in report.summary()
+
+
+def test_d1_orphans_ahead_of_a_runnable_run_cost_a_few_reads(behaviour, clock):
+    now = clock.now
+    JobRun.objects.bulk_create(
+        [JobRun(module="elsewhere", job="gone", instance=f"o{i}", started_at=now, updated_at=now) for i in range(120)]
+    )
+    (run,) = _runs(behaviour, 1, lambda p: {"cursor": 1})
+    with CaptureQueriesContext(connection) as ctx:
+        report = run_due_jobs(limit=1, now=clock)
+    assert report.attempted == 1
+    due_reads = [q for q in ctx.captured_queries if q["sql"].startswith("SELECT") and "ORDER BY" in q["sql"]]
+    assert len(due_reads) == 3, "120 orphans and one run, read 50 rows at a time"
