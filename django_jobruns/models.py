@@ -88,6 +88,7 @@ class JobRun(models.Model):
 
     class Meta:
         verbose_name = "job run"
+        permissions = [("restart_jobrun", "Can restart or resume a failed job run as a new run")]
         constraints = [
             models.UniqueConstraint(fields=["module", "job", "instance", "live"], name="jobruns_one_live_run"),
         ]

@@ -20,12 +20,13 @@ def save_products(supplier: int, items: list[dict[str, Any]]) -> int:
     return len(items)
 
 
-@job(retry=RetryPolicy(max_attempts=5, base_delay=0.5, max_delay=5))
+@job(retry=RetryPolicy(max_attempts=5, base_delay=0.2, max_delay=5))
 def import_catalog(p: Any) -> dict[str, Any]:
     supplier = p.payload["supplier"]
     size = p.payload.get("page_size", 500)
     after = p.cursor
-    page = p.step(f"fetch:{after}", lambda: catalogue.fetch_page(supplier, after=after, size=size))
+    outage = {k: p.payload[k] for k in ("down_at", "down_for") if k in p.payload}
+    page = p.step(f"fetch:{after}", lambda: catalogue.fetch_page(supplier, after=after, size=size, **outage))
     saved = p.step(f"save:{after}", lambda: save_products(supplier, page["items"]))
     if after is None:
         p.count("total", page["total"])

@@ -17,10 +17,14 @@ class Product(models.Model):
 
 
 class Outage(models.Model):
-    """A page the fake upstream failed to serve once (its transient failure)."""
+    """A page the fake upstream failed to serve, and how many times it did."""
 
     supplier = models.IntegerField()
     page_after = models.IntegerField()
+    failures = models.IntegerField(default=0)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["supplier", "page_after"], name="demo_one_outage_per_page")]
+
+    def __str__(self) -> str:
+        return f"supplier {self.supplier} after {self.page_after}: {self.failures} failure(s)"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import logging
 import time
 from typing import Any
 
@@ -18,16 +19,21 @@ class Command(BaseCommand):
     help = "Start catalogue imports for a few suppliers and drive them to completion with run_due_jobs."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--suppliers", type=int, default=3)
+        parser.add_argument("--suppliers", type=int, default=3, help="suppliers whose import succeeds")
         parser.add_argument("--page-size", type=int, default=500)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        # Each drive's errors are printed below; the log would say them twice.
+        logging.getLogger("django_jobruns").setLevel(logging.ERROR)
         ids = []
-        for supplier in range(1, options["suppliers"] + 1):
-            run, created = start_job_run(
-                "demo.import_catalog", instance=f"supplier-{supplier}",
-                payload={"supplier": supplier, "page_size": options["page_size"]},
-            )
+        payloads = [{"supplier": n, "page_size": options["page_size"]} for n in range(1, options["suppliers"] + 1)]
+        # One more supplier whose provider goes down three quarters of the way
+        # through for longer than the retry policy waits: a failed run to resume.
+        failing = len(payloads) + 1
+        payloads.append({"supplier": failing, "page_size": options["page_size"], "down_at": 7500, "down_for": 5})
+        for payload in payloads:
+            supplier = payload["supplier"]
+            run, created = start_job_run("demo.import_catalog", instance=f"supplier-{supplier}", payload=payload)
             ids.append(run.id)
             self.stdout.write(f"{'started' if created else 'joined'} run {run.id} for supplier {supplier}")
         drives = 0
@@ -46,7 +52,8 @@ class Command(BaseCommand):
             if record.id not in ids:
                 continue
             c = record.counters
-            self.stdout.write(
-                f"{record.instance}: {record.status}, imported {c.get('imported', 0)} of {c.get('total', '?')}"
-                f" (run {record.id})"
-            )
+            line = f"{record.instance}: {record.status}, imported {c.get('imported', 0)} of {c.get('total', '?')}"
+            if record.status == Status.FAILED and record.last_error:
+                line += f" -- {record.last_error.splitlines()[0]}"
+            self.stdout.write(f"{line} (run {record.id})")
+        self.stdout.write("\nReview the runs, and resume the failed one, in the admin: ./dev admin")

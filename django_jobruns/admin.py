@@ -1,0 +1,273 @@
+"""The Django admin for job runs: read, filter, and restart or resume failed runs.
+
+Runs are never edited by hand: every field is read-only, and the only ways to
+act on a run are the restart and resume buttons (and bulk actions) on failed
+runs, which start a NEW run through ``restart_job_run``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.urls import path, reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+from django.views.decorators.http import require_POST
+from rangefilter.filters import DateRangeFilterBuilder
+
+from .exceptions import JobRunsError
+from .models import JobRun, JobStep, Status
+from .registry import registered_jobs
+from .starts import restart_job_run
+
+RESTART_PERMISSION = "django_jobruns.restart_jobrun"
+
+
+def _pretty(text: str | None, *, empty: str = "—") -> SafeString:
+    """Pretty-print stored JSON, or show the raw text beside why it does not parse."""
+    if text is None:
+        return format_html('<span class="jobruns-empty">{}</span>', empty)
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError) as exc:
+        return format_html(
+            '<p class="errornote jobruns-decode-error">Cannot decode: {}</p><pre class="jobruns-raw">{}</pre>',
+            str(exc), text,
+        )
+    return format_html('<pre class="jobruns-json">{}</pre>', json.dumps(value, indent=2, sort_keys=True))
+
+
+def _progress(counters_text: str) -> SafeString | str:
+    try:
+        counters = json.loads(counters_text)
+    except (TypeError, ValueError):
+        return format_html('<span class="jobruns-decode-error">{}</span>', "unreadable counters")
+    if not isinstance(counters, dict) or not counters:
+        return "—"
+    total = counters.get("total")
+    done = next((counters[k] for k in ("imported", "done", "processed", "count") if k in counters), None)
+    if isinstance(total, (int, float)) and total > 0 and isinstance(done, (int, float)):
+        share = max(0.0, min(1.0, done / total))
+        return format_html(
+            '<progress class="jobruns-progress" value="{}" max="{}" title="{} of {}"></progress> {}%',
+            done, total, done, total, round(share * 100),
+        )
+    return ", ".join(f"{key}={value}" for key, value in sorted(counters.items()))
+
+
+class JobFilter(admin.SimpleListFilter):
+    """Filter by job, from the registry: no query, whatever the table's size."""
+
+    title = "job"
+    parameter_name = "job"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(entry.label, entry.label) for entry in registered_jobs()]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> QuerySet[JobRun]:
+        value = self.value()
+        if not value:
+            return queryset
+        module, _, name = value.partition(".")
+        return queryset.filter(module=module, job=name)
+
+
+class JobStepInline(admin.TabularInline):
+    model = JobStep
+    extra = 0
+    max_num = 0
+    can_delete = False
+    show_change_link = False
+    fields = ("step", "completed", "result_display", "attempts", "last_error", "recorded_at")
+    readonly_fields = fields
+    ordering = ("recorded_at", "id")
+    verbose_name_plural = "step ledger (the pass in flight, or the last pass of a failed run)"
+
+    @admin.display(boolean=True, description="completed")
+    def completed(self, obj: JobStep) -> bool:
+        return obj.result is not None
+
+    @admin.display(description="result")
+    def result_display(self, obj: JobStep) -> SafeString:
+        return _pretty(obj.result, empty="(not completed)")
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(JobRun)
+class JobRunAdmin(admin.ModelAdmin):
+    change_form_template = "admin/django_jobruns/jobrun/change_form.html"
+    list_display = (
+        "id", "key", "status_badge", "progress", "attempts", "next_attempt_at",
+        "lease_holder", "lease_expires_at", "started_at", "ended_at",
+    )
+    list_filter = (
+        "status",
+        JobFilter,
+        ("started_at", DateRangeFilterBuilder(title="started")),
+        ("ended_at", DateRangeFilterBuilder(title="ended")),
+    )
+    search_fields = ("id", "instance", "last_error")
+    ordering = ("-id",)
+    list_per_page = 50
+    # A COUNT(*) over the whole table on every page view costs what the table
+    # retains; the filtered count is enough to page.
+    show_full_result_count = False
+    inlines = [JobStepInline]
+    actions = ["restart_selected", "resume_selected"]
+    fieldsets = (
+        (None, {"fields": ("id", "key", "status_badge", "progress", "started_at", "updated_at", "ended_at")}),
+        ("Retry", {"fields": ("attempts", "next_attempt_at", "last_error_display", "last_warning")}),
+        ("Data", {"fields": ("payload_display", "cursor_display", "counters_display")}),
+        ("Lease", {"fields": ("lease_holder", "lease_expires_at", "lease_fence")}),
+        ("Lineage", {"fields": ("restarted_from_link", "restarts_links")}),
+    )
+    readonly_fields = (
+        "id", "key", "status_badge", "progress", "started_at", "updated_at", "ended_at", "attempts",
+        "next_attempt_at", "last_error_display", "last_warning", "payload_display", "cursor_display",
+        "counters_display", "lease_holder", "lease_expires_at", "lease_fence", "restarted_from_link",
+        "restarts_links",
+    )
+
+    # -- columns ---------------------------------------------------------------
+
+    @admin.display(description="job [instance]", ordering="module")
+    def key(self, obj: JobRun) -> str:
+        return f"{obj.module}.{obj.job} [{obj.instance}]"
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, obj: JobRun) -> SafeString:
+        return format_html('<span class="jobruns-status jobruns-status-{}">{}</span>', obj.status, obj.status)
+
+    @admin.display(description="progress")
+    def progress(self, obj: JobRun) -> SafeString | str:
+        return _progress(obj.counters)
+
+    @admin.display(description="payload")
+    def payload_display(self, obj: JobRun) -> SafeString:
+        return _pretty(obj.payload)
+
+    @admin.display(description="cursor")
+    def cursor_display(self, obj: JobRun) -> SafeString:
+        return _pretty(obj.cursor, empty="(no pass committed yet)")
+
+    @admin.display(description="counters")
+    def counters_display(self, obj: JobRun) -> SafeString:
+        return _pretty(obj.counters)
+
+    @admin.display(description="last error")
+    def last_error_display(self, obj: JobRun) -> SafeString:
+        if not obj.last_error:
+            return format_html("{}", "—")
+        return format_html('<pre class="jobruns-error">{}</pre>', obj.last_error)
+
+    @admin.display(description="restarted from")
+    def restarted_from_link(self, obj: JobRun) -> SafeString:
+        if obj.restarted_from_id is None:
+            return format_html("{}", "—")
+        return format_html('<a href="{}">{}</a>', _change_url(obj.restarted_from_id), obj.restarted_from_id)
+
+    @admin.display(description="restarted as")
+    def restarts_links(self, obj: JobRun) -> SafeString:
+        ids = list(obj.restarts.order_by("id").values_list("id", flat=True))
+        if not ids:
+            return format_html("{}", "—")
+        return format_html_join(", ", '<a href="{}">{}</a>', ((_change_url(i), i) for i in ids))
+
+    # -- permissions: read-only, restart is its own permission -----------------
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_restart_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm(RESTART_PERMISSION))
+
+    # -- restart and resume ----------------------------------------------------
+
+    def get_urls(self) -> list[Any]:
+        restart = self.admin_site.admin_view(require_POST(self.restart_view))
+        return [path("<path:object_id>/restart/", restart, name="django_jobruns_jobrun_restart"), *super().get_urls()]
+
+    def render_change_form(self, request: HttpRequest, context: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        obj = kwargs.get("obj")
+        context["can_restart"] = (
+            obj is not None and obj.status == Status.FAILED and self.has_restart_permission(request)
+        )
+        return super().render_change_form(request, context, *args, **kwargs)
+
+    def restart_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """POST only (require_POST), CSRF-checked (admin_view), permission-checked here."""
+        if not self.has_restart_permission(request):
+            raise PermissionDenied
+        run = get_object_or_404(JobRun, pk=object_id)
+        resume = request.POST.get("resume") == "1"
+        new = self._restart(request, run, resume=resume)
+        return HttpResponseRedirect(_change_url(new.pk if new is not None else run.pk))
+
+    def _restart(self, request: HttpRequest, run: JobRun, *, resume: bool) -> JobRun | None:
+        verb = "Resumed" if resume else "Restarted"
+        try:
+            new, created = restart_job_run(run, resume=resume)
+        except JobRunsError as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+            return None
+        if created:
+            self.log_addition(request, new, f"{verb} as a new run from failed run {run.pk}")
+            self.message_user(
+                request,
+                format_html('{} failed run {} as new run <a href="{}">{}</a>.', verb, run.pk, _change_url(new.pk),
+                            new.pk),
+                messages.SUCCESS,
+            )
+        else:
+            self.message_user(
+                request,
+                format_html('A live run for {} was already running: joined run <a href="{}">{}</a> instead of '
+                            "starting another.", f"{run.label} [{run.instance}]", _change_url(new.pk), new.pk),
+                messages.WARNING,
+            )
+        return new
+
+    @admin.action(description="Restart selected failed runs as new runs", permissions=["restart"])
+    def restart_selected(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> HttpResponse | None:
+        return self._bulk(request, queryset, resume=False)
+
+    @admin.action(description="Resume selected failed runs as new runs", permissions=["restart"])
+    def resume_selected(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> HttpResponse | None:
+        return self._bulk(request, queryset, resume=True)
+
+    def _bulk(self, request: HttpRequest, queryset: QuerySet[JobRun], *, resume: bool) -> HttpResponse | None:
+        runs = list(queryset.order_by("id"))
+        skipped = [run.pk for run in runs if run.status != Status.FAILED]
+        if skipped:
+            self.message_user(
+                request, f"Skipped {len(skipped)} run(s) that are not failed: {', '.join(skipped)}", messages.WARNING
+            )
+        started = [self._restart(request, run, resume=resume) for run in runs if run.status == Status.FAILED]
+        landed = [new for new in started if new is not None]
+        if len(landed) == 1:
+            return HttpResponseRedirect(_change_url(landed[0].pk))
+        return None
+
+
+def _change_url(run_id: str) -> str:
+    return reverse("admin:django_jobruns_jobrun_change", args=[run_id])

@@ -1,0 +1,38 @@
+"""``manage.py start_job_run app.name``: start a run, or join the live one."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_jobruns.exceptions import JobRunsError
+from django_jobruns.starts import start_job_run
+
+
+class Command(BaseCommand):
+    help = "Start a run of a job (or join the live run for its instance) and print its id."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("job", metavar="APP.NAME")
+        parser.add_argument("--instance", default="default")
+        parser.add_argument("--payload", default=None, metavar="JSON")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        payload = None
+        if options["payload"] is not None:
+            try:
+                payload = json.loads(options["payload"])
+            except ValueError as exc:
+                raise CommandError(f"--payload is not valid JSON: {exc}") from None
+        try:
+            run, created = start_job_run(options["job"], instance=options["instance"], payload=payload)
+        except (JobRunsError, ValidationError, ValueError) as exc:
+            message = exc.messages[0] if isinstance(exc, ValidationError) else str(exc)
+            raise CommandError(message) from None
+        if created:
+            self.stdout.write(f"started run {run.id}")
+        else:
+            self.stdout.write(f"joined live run {run.id} (started {run.started_at:%Y-%m-%d %H:%M:%S %Z})")
