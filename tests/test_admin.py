@@ -1,0 +1,240 @@
+"""The admin: changelist, change view, restart and resume (A1-A3, O1)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.contrib.admin.models import ADDITION, LogEntry
+from django.contrib.auth.models import Permission, User
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+from django.utils import timezone
+
+from django_jobruns import start_job_run
+from django_jobruns.models import JobRun, JobStep, Status
+
+pytestmark = pytest.mark.django_db
+
+CHANGELIST = "admin:django_jobruns_jobrun_changelist"
+
+
+def change_url(run):
+    return reverse("admin:django_jobruns_jobrun_change", args=[run.pk])
+
+
+def restart_url(run):
+    return reverse("admin:django_jobruns_jobrun_restart", args=[run.pk])
+
+
+def make_run(instance, *, status=Status.RUNNING, job="walk", **fields):
+    run, _ = start_job_run(f"tests.{job}", instance=instance, payload={"supplier": instance})
+    if status != Status.RUNNING:
+        fields.update(status=status, live=None, ended_at=timezone.now())
+    if fields:
+        JobRun.objects.filter(pk=run.pk).update(**fields)
+        run.refresh_from_db()
+    return run
+
+
+def failed_run(instance="f", **fields):
+    fields.setdefault("cursor", '{"after": 7500}')
+    fields.setdefault("counters", '{"imported": 7500, "total": 10000}')
+    fields.setdefault("last_error", "step 'fetch:7500' failed: provider down")
+    return make_run(instance, status=Status.FAILED, **fields)
+
+
+def user_with(*codenames, username="operator"):
+    user = User.objects.create_user(username, password="pw", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(codename__in=codenames))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def changelist_queries(client, **params):
+    with CaptureQueriesContext(connection) as ctx:
+        response = client.get(reverse(CHANGELIST), params)
+    assert response.status_code == 200
+    return len(ctx.captured_queries), response
+
+
+def test_a1_changelist_query_count_does_not_grow_with_rows(admin_client):
+    for i in range(10):
+        failed_run(f"a{i}")
+    small, _ = changelist_queries(admin_client)
+    now = timezone.now()
+    JobRun.objects.bulk_create(
+        [JobRun(module="tests", job="walk", instance=f"b{i}", status=Status.DONE, live=None, counters='{"n": 1}',
+                started_at=now, updated_at=now, ended_at=now) for i in range(190)]
+    )
+    large, response = changelist_queries(admin_client)
+    assert small == large, f"{small} queries at 10 runs, {large} at 200"
+    print(f"changelist queries: {small} at 10 runs, {large} at 200 runs")
+
+
+def test_a1_changelist_shows_progress_status_and_key(admin_client):
+    failed_run("sup-7")
+    make_run("plain", counters='{"pages": 3, "skipped": 1}')
+    _, response = changelist_queries(admin_client)
+    html = response.content.decode()
+    assert '<progress class="jobruns-progress" value="7500" max="10000"' in html and "75%" in html
+    assert "pages=3, skipped=1" in html
+    assert "tests.walk [sup-7]" in html
+    assert "jobruns-status-failed" in html
+
+
+def test_a1_filters_and_search(admin_client):
+    f = failed_run("alpha", last_error="ConnectionError: supplier gateway timeout")
+    r = make_run("beta", job="scripted")
+    _, response = changelist_queries(admin_client, status="failed")
+    assert f.pk in response.content.decode() and r.pk not in response.content.decode()
+    _, response = changelist_queries(admin_client, job="tests.scripted")
+    assert r.pk in response.content.decode() and f.pk not in response.content.decode()
+    _, response = changelist_queries(admin_client, q="gateway timeout")
+    assert f.pk in response.content.decode() and r.pk not in response.content.decode()
+    _, response = changelist_queries(admin_client, q=r.pk)
+    assert r.pk in response.content.decode() and f.pk not in response.content.decode()
+    _, response = changelist_queries(admin_client, q="beta")
+    assert r.pk in response.content.decode()
+    today = timezone.now().date().isoformat()
+    _, response = changelist_queries(admin_client, started_at__range__gte=today, started_at__range__lte=today)
+    assert f.pk in response.content.decode()
+    _, response = changelist_queries(admin_client, ended_at__range__gte="2000-01-01", ended_at__range__lte="2000-01-02")
+    assert f.pk not in response.content.decode()
+
+
+def test_a2_change_view_pretty_prints_and_escapes(admin_client):
+    run = failed_run("esc", cursor='{"after": "<script>alert(1)</script>"}')
+    JobStep.objects.create(run=run, step="fetch:<b>7500</b>", result='{"items": [1, 2]}', attempts=1,
+                           recorded_at=timezone.now())
+    JobStep.objects.create(run=run, step="save", result=None, attempts=2, last_error="<i>boom</i>",
+                           recorded_at=timezone.now())
+    html = admin_client.get(change_url(run)).content.decode()
+    assert "<script>alert(1)</script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "&quot;after&quot;: &quot;&lt;script&gt;" in html  # indented JSON, escaped
+    assert "fetch:&lt;b&gt;7500&lt;/b&gt;" in html and "<b>7500</b>" not in html
+    assert "&lt;i&gt;boom&lt;/i&gt;" in html and "(not completed)" in html
+    assert re.search(r'"items": \[\s+1,\s+2\s+\]', html.replace("&quot;", '"'))
+    assert 'name="_save"' not in html, "nothing is editable by hand"
+
+
+def test_o1_a2_malformed_row_renders_with_the_decode_error_beside_the_raw_text(admin_client):
+    run = make_run("broken", payload="{oops", cursor="[1,", counters="7 apples")
+    response = admin_client.get(change_url(run))
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert html.count("Cannot decode") == 3
+    assert "{oops" in html and "7 apples" in html
+    _, listing = changelist_queries(admin_client)
+    assert "unreadable counters" in listing.content.decode()
+
+
+def test_a2_lineage_links_both_ways(admin_client):
+    old = failed_run("lin")
+    new = make_run("lin", restarted_from=old)
+    assert f'href="{change_url(old)}"' in admin_client.get(change_url(new)).content.decode()
+    assert f'href="{change_url(new)}"' in admin_client.get(change_url(old)).content.decode()
+
+
+def test_a2_runs_cannot_be_changed_added_or_deleted(admin_client):
+    run = failed_run("ro")
+    assert admin_client.post(change_url(run), {"status": "running"}).status_code == 403
+    assert admin_client.get(reverse("admin:django_jobruns_jobrun_add")).status_code == 403
+    assert admin_client.post(reverse("admin:django_jobruns_jobrun_delete", args=[run.pk]), {"post": "yes"}).status_code == 403
+    run.refresh_from_db()
+    assert run.status == Status.FAILED
+
+
+def test_a3_buttons_only_on_failed_runs(admin_client):
+    assert 'id="jobruns-restart"' in admin_client.get(change_url(failed_run("btn"))).content.decode()
+    assert 'id="jobruns-restart"' not in admin_client.get(change_url(make_run("live"))).content.decode()
+    assert 'id="jobruns-resume"' not in admin_client.get(change_url(make_run("ok", status=Status.DONE))).content.decode()
+
+
+def test_a3_restart_creates_a_new_run_logs_it_and_lands_on_it(admin_client):
+    old = failed_run("r")
+    response = admin_client.post(restart_url(old), {"resume": "0"}, follow=True)
+    new = JobRun.objects.exclude(pk=old.pk).get(instance="r")
+    assert response.redirect_chain[-1][0] == change_url(new)
+    assert new.restarted_from_id == old.pk and new.cursor is None and new.counters == "{}"
+    assert new.payload == old.payload
+    messages = [str(m) for m in response.context["messages"]]
+    assert any(f"Restarted failed run {old.pk} as new run" in m for m in messages)
+    entry = LogEntry.objects.get(object_id=new.pk)
+    assert entry.action_flag == ADDITION and old.pk in entry.get_change_message()
+
+
+def test_a3_resume_carries_the_cursor_and_counters(admin_client):
+    old = failed_run("res")
+    admin_client.post(restart_url(old), {"resume": "1"})
+    new = JobRun.objects.exclude(pk=old.pk).get(instance="res")
+    assert (new.cursor, new.counters) == (old.cursor, old.counters)
+
+
+def test_a3_a_live_run_for_the_key_is_joined_and_the_message_says_so(admin_client):
+    old = failed_run("join")
+    live = make_run("join")
+    response = admin_client.post(restart_url(old), {"resume": "0"}, follow=True)
+    assert response.redirect_chain[-1][0] == change_url(live)
+    assert JobRun.objects.filter(instance="join").count() == 2
+    assert any("already running: joined run" in str(m) for m in response.context["messages"])
+
+
+def test_a3_restart_of_a_run_that_is_not_failed_is_refused(admin_client):
+    run = make_run("running")
+    response = admin_client.post(restart_url(run), {"resume": "0"}, follow=True)
+    assert response.redirect_chain[-1][0] == change_url(run)
+    assert any("only a failed run can be restarted" in str(m) for m in response.context["messages"])
+    assert JobRun.objects.count() == 1
+
+
+def test_a3_get_on_the_restart_url_changes_nothing(admin_client):
+    run = failed_run("get")
+    assert admin_client.get(restart_url(run)).status_code == 405
+    assert JobRun.objects.count() == 1
+
+
+def test_a3_restart_needs_the_permission(client):
+    run = failed_run("perm")
+    viewer = user_with("view_jobrun")
+    assert viewer.get(change_url(run)).status_code == 200
+    assert 'id="jobruns-restart"' not in viewer.get(change_url(run)).content.decode()
+    assert viewer.post(restart_url(run), {"resume": "0"}).status_code == 403
+    assert JobRun.objects.count() == 1
+    operator = user_with("view_jobrun", "restart_jobrun", username="oncall")
+    assert operator.post(restart_url(run), {"resume": "1"}).status_code == 302
+    assert JobRun.objects.count() == 2
+
+
+def test_a3_restart_is_csrf_protected(admin_user):
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(admin_user)
+    run = failed_run("csrf")
+    assert strict.post(restart_url(run), {"resume": "0"}).status_code == 403
+    assert JobRun.objects.count() == 1
+
+
+def test_a3_bulk_actions_restart_failed_runs_and_skip_the_others(admin_client):
+    failed = [failed_run(f"bulk{i}") for i in range(3)]
+    running = make_run("bulk-live")
+    response = admin_client.post(reverse(CHANGELIST), {
+        "action": "resume_selected", "_selected_action": [r.pk for r in failed] + [running.pk],
+    }, follow=True)
+    assert response.status_code == 200
+    new = JobRun.objects.filter(restarted_from__in=failed)
+    assert new.count() == 3 and all(n.cursor == '{"after": 7500}' for n in new)
+    messages = " ".join(str(m) for m in response.context["messages"])
+    assert "Skipped 1 run(s) that are not failed" in messages and messages.count("Resumed failed run") == 3
+
+
+def test_a3_bulk_actions_need_the_permission():
+    failed = failed_run("bulk-perm")
+    viewer = user_with("view_jobrun")
+    listing = viewer.get(reverse(CHANGELIST)).content.decode()
+    assert "resume_selected" not in listing
+    response = viewer.post(reverse(CHANGELIST), {"action": "resume_selected", "_selected_action": [failed.pk]})
+    assert response.status_code in (200, 302, 403)
+    assert JobRun.objects.count() == 1
