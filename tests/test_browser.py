@@ -1,0 +1,103 @@
+"""The admin in a real browser: headless Chromium from Debian, driven by Selenium."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import User
+from django.utils import timezone
+
+from django_jobruns import start_job_run
+from django_jobruns.models import JobRun, JobStep, Status
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+HAVE_BROWSER = Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()
+
+if not HAVE_BROWSER and os.environ.get("JOBRUNS_REQUIRE_BROWSER"):
+    raise RuntimeError(f"JOBRUNS_REQUIRE_BROWSER is set but {CHROMIUM} or {CHROMEDRIVER} is missing")
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not HAVE_BROWSER, reason="needs Debian's chromium and chromium-driver"),
+]
+
+
+@pytest.fixture
+def browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--window-size=1400,1000"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.implicitly_wait(10)
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture
+def screenshots(tmp_path):
+    folder = Path(os.environ.get("JOBRUNS_SCREENSHOTS") or tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _seed():
+    now = timezone.now()
+    for n, (instance, status) in enumerate([("supplier-1", Status.DONE), ("supplier-2", Status.DONE),
+                                            ("supplier-3", Status.RUNNING)]):
+        run, _ = start_job_run("demo.import_catalog", instance=instance, payload={"supplier": n + 1})
+        imported = 10000 if status == Status.DONE else 4500
+        fields = {"counters": f'{{"imported": {imported}, "total": 10000}}', "cursor": str(imported)}
+        if status == Status.DONE:
+            fields.update(status=status, live=None, ended_at=now)
+        JobRun.objects.filter(pk=run.pk).update(**fields)
+    failed, _ = start_job_run("demo.import_catalog", instance="supplier-4", payload={"supplier": 4})
+    JobRun.objects.filter(pk=failed.pk).update(
+        status=Status.FAILED, live=None, ended_at=now, attempts=5, cursor="7500",
+        counters='{"imported": 7500, "total": 10000}',
+        last_error="step 'fetch:7500' failed (attempt 5 of 5): UpstreamUnavailable: supplier 4: connection reset",
+    )
+    JobStep.objects.create(run=failed, step="fetch:7500", result=None, attempts=5,
+                           last_error="UpstreamUnavailable: supplier 4: connection reset", recorded_at=now)
+    return failed
+
+
+@pytest.mark.django_db(transaction=True)
+def test_operator_filters_to_failed_runs_and_restarts_one(browser, live_server, screenshots):
+    from selenium.webdriver.common.by import By
+
+    User.objects.create_superuser("admin", password="jobruns-demo")
+    failed = _seed()
+
+    browser.get(f"{live_server.url}/admin/login/?next=/admin/django_jobruns/jobrun/")
+    browser.find_element(By.NAME, "username").send_keys("admin")
+    browser.find_element(By.NAME, "password").send_keys("jobruns-demo")
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    assert browser.find_element(By.ID, "result_list")
+    browser.save_screenshot(str(screenshots / "changelist.png"))
+
+    browser.find_element(By.XPATH, "//nav[@id='changelist-filter']//a[normalize-space()='failed']").click()
+    assert "status__exact=failed" in browser.current_url
+    rows = browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
+    assert len(rows) == 1 and "supplier-4" in rows[0].text
+
+    rows[0].find_element(By.LINK_TEXT, failed.pk).click()
+    assert "Cannot decode" not in browser.page_source
+    assert browser.find_element(By.CSS_SELECTOR, ".field-cursor_display pre").text == "7500"
+    browser.save_screenshot(str(screenshots / "change-view.png"))
+
+    browser.find_element(By.ID, "jobruns-restart").click()
+    success = browser.find_element(By.CSS_SELECTOR, "ul.messagelist li.success")
+    assert f"Restarted failed run {failed.pk} as new run" in success.text
+    new = JobRun.objects.get(restarted_from=failed)
+    assert browser.current_url.endswith(f"/admin/django_jobruns/jobrun/{new.pk}/change/")
+    assert new.status == Status.RUNNING and new.cursor is None
