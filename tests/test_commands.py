@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+from datetime import timedelta
 from io import StringIO
 
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from django_jobruns import start_job_run
-from django_jobruns.models import JobRun, Status
+from django_jobruns.models import JobRun, JobStep, Status
 from tests.conftest import ROOT, manage
 
 
@@ -132,3 +137,88 @@ def test_command_max_seconds_stops_taking_new_runs(effects):
     report = json.loads(out)
     assert report["completed"] == 3 and report["stopped"] is False
     assert JobRun.objects.filter(status=Status.DONE).count() == 3
+
+
+def call(name, *args):
+    out = StringIO()
+    call_command(name, *args, stdout=out, stderr=StringIO())
+    return out.getvalue().strip()
+
+
+@pytest.mark.django_db
+def test_start_job_run_command_starts_or_joins():
+    out = call("start_job_run", "tests.walk", "--instance", "cli", "--payload", '{"log": "/dev/null", "n": [1, 2]}')
+    run = JobRun.objects.get(instance="cli")
+    assert out == f"started run {run.id}"
+    assert json.loads(run.payload) == {"log": "/dev/null", "n": [1, 2]}
+    assert call("start_job_run", "tests.walk", "--instance", "cli").startswith(f"joined live run {run.id}")
+    call("start_job_run", "tests.walk")
+    assert JobRun.objects.get(instance="default").payload == "null"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["tests.walk", "--payload", "{nope"], "--payload is not valid JSON"),
+        (["tests.walk", "--payload", '{"ratio": NaN}'], "payload.ratio is nan"),
+        (["tests.walk", "--payload", '{"x": [1, Infinity]}'], "payload.x.1 is inf"),
+        (["tests.nothing"], "no job is registered as 'tests.nothing'"),
+        (["walk"], "app_label.job_name"),
+        (["tests.walk", "--instance", ""], "instance must be non-empty"),
+    ],
+)
+def test_start_job_run_command_says_why_and_creates_nothing(args, message):
+    with pytest.raises(CommandError, match=re.escape(message)):
+        call("start_job_run", *args)
+    assert not JobRun.objects.exists()
+
+
+def _finished(instance, status, days_ago):
+    run, _ = start_job_run("tests.walk", instance=instance)
+    ended = timezone.now() - timedelta(days=days_ago)
+    JobRun.objects.filter(pk=run.pk).update(status=status, live=None, ended_at=ended)
+    return run
+
+
+@pytest.mark.django_db
+def test_prune_deletes_only_old_finished_runs_in_batches():
+    old_done = [_finished(f"d{i}", Status.DONE, 40) for i in range(5)]
+    old_failed = _finished("f", Status.FAILED, 40)
+    JobStep.objects.create(run=old_failed, step="s", result=None, attempts=1, recorded_at=timezone.now())
+    recent = _finished("recent", Status.DONE, 1)
+    live, _ = start_job_run("tests.walk", instance="live")
+    JobRun.objects.filter(pk=live.pk).update(started_at=timezone.now() - timedelta(days=100))
+    restarted, _ = start_job_run("tests.walk", instance="f")
+    JobRun.objects.filter(pk=restarted.pk).update(restarted_from=old_failed)
+
+    assert call("prune_job_runs", "--older-than", "30", "--dry-run") == (
+        "would delete 6 finished run(s) older than 30 day(s)")
+    assert JobRun.objects.count() == 9
+    assert call("prune_job_runs", "--older-than", "30", "--status", "failed") == (
+        "deleted 1 finished run(s) older than 30 day(s)")
+    with CaptureQueriesContext(connection) as ctx:
+        out = call("prune_job_runs", "--older-than", "30", "--batch-size", "2")
+    assert out == "deleted 5 finished run(s) older than 30 day(s)"
+    deletes = [q for q in ctx.captured_queries if q["sql"].startswith("DELETE FROM \"django_jobruns_jobrun\"")]
+    assert len(deletes) == 3, "five runs deleted two at a time"
+    assert set(JobRun.objects.values_list("pk", flat=True)) == {recent.pk, live.pk, restarted.pk}
+    restarted.refresh_from_db()
+    assert restarted.restarted_from_id is None and not JobStep.objects.exists()
+    assert all(not JobRun.objects.filter(pk=r.pk).exists() for r in old_done)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--older-than", "-1"], "expected a number of days >= 0"),
+        (["--older-than", "soon"], "expected a number of days, got 'soon'"),
+        (["--older-than", "3", "--status", "running"], "invalid choice: 'running'"),
+        ([], "the following arguments are required: --older-than"),
+    ],
+)
+def test_prune_refuses_bad_ages_and_live_statuses(args, message):
+    proc = subprocess.run([sys.executable, str(ROOT / "manage.py"), "prune_job_runs", *args], cwd=ROOT,
+                          env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
