@@ -1,0 +1,359 @@
+#!/usr/bin/env python
+"""Crash-and-contention torture: kill real workers at random moments, check nothing was lost or doubled.
+
+    python bench/torture.py --db {sqlite,postgres} --workers W --runs R --kills K [--seed S]
+
+W ``manage.py run_due_jobs`` processes drive R runs of a job with several steps
+per pass and several passes. K SIGKILLs land in all: some sent by this harness
+at random moments, some taken by the workers themselves inside a step body,
+between a step's effect and its memo, and in the middle of a pass's commit.
+Killed workers are replaced and their leases left to lapse until every run is
+done. The verdict comes from independent evidence -- an event table the job's
+step bodies write to and database triggers fill as memos, claims and commits
+land -- never from the app's own bookkeeping. The last line is the summary;
+the exit status is non-zero when an invariant fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+POSTGRES_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+POSTGRES_DB = "jobruns_torture"
+
+SQLITE_DDL = [
+    """CREATE TABLE torture_events (id INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL, run_id TEXT,
+       step TEXT, fence INTEGER, holder TEXT, cursor_old TEXT, cursor_new TEXT, status TEXT, counters TEXT,
+       pid INTEGER)""",
+    """CREATE TRIGGER torture_memo_insert AFTER INSERT ON django_jobruns_jobstep WHEN NEW.result IS NOT NULL
+       BEGIN INSERT INTO torture_events (kind, run_id, step) VALUES ('memo', NEW.run_id, NEW.step); END""",
+    """CREATE TRIGGER torture_memo_update AFTER UPDATE OF result ON django_jobruns_jobstep
+       WHEN NEW.result IS NOT NULL AND OLD.result IS NULL
+       BEGIN INSERT INTO torture_events (kind, run_id, step) VALUES ('memo', NEW.run_id, NEW.step); END""",
+    """CREATE TRIGGER torture_claim AFTER UPDATE OF lease_fence ON django_jobruns_jobrun
+       WHEN NEW.lease_fence <> OLD.lease_fence
+       BEGIN INSERT INTO torture_events (kind, run_id, fence, holder)
+             VALUES ('claim', NEW.id, NEW.lease_fence, NEW.lease_holder); END""",
+    """CREATE TRIGGER torture_commit AFTER UPDATE ON django_jobruns_jobrun
+       WHEN NEW.cursor IS NOT OLD.cursor OR NEW.status <> OLD.status OR NEW.counters <> OLD.counters
+       BEGIN INSERT INTO torture_events (kind, run_id, fence, holder, cursor_old, cursor_new, status, counters)
+             VALUES ('commit', NEW.id, NEW.lease_fence, OLD.lease_holder, OLD.cursor, NEW.cursor, NEW.status,
+                     NEW.counters); END""",
+]
+
+POSTGRES_DDL = [
+    """CREATE TABLE torture_events (id BIGSERIAL PRIMARY KEY, kind TEXT NOT NULL, run_id TEXT, step TEXT,
+       fence BIGINT, holder TEXT, cursor_old TEXT, cursor_new TEXT, status TEXT, counters TEXT, pid INTEGER)""",
+    """CREATE FUNCTION torture_memo() RETURNS trigger AS $$ BEGIN
+         IF NEW.result IS NOT NULL AND (TG_OP = 'INSERT' OR OLD.result IS NULL) THEN
+           INSERT INTO torture_events (kind, run_id, step) VALUES ('memo', NEW.run_id, NEW.step);
+         END IF;
+         RETURN NEW;
+       END $$ LANGUAGE plpgsql""",
+    """CREATE TRIGGER torture_memo AFTER INSERT OR UPDATE ON django_jobruns_jobstep
+       FOR EACH ROW EXECUTE FUNCTION torture_memo()""",
+    """CREATE FUNCTION torture_run() RETURNS trigger AS $$ BEGIN
+         IF NEW.lease_fence <> OLD.lease_fence THEN
+           INSERT INTO torture_events (kind, run_id, fence, holder)
+           VALUES ('claim', NEW.id, NEW.lease_fence, NEW.lease_holder);
+         END IF;
+         IF NEW.cursor IS DISTINCT FROM OLD.cursor OR NEW.status <> OLD.status OR NEW.counters <> OLD.counters THEN
+           INSERT INTO torture_events (kind, run_id, fence, holder, cursor_old, cursor_new, status, counters)
+           VALUES ('commit', NEW.id, NEW.lease_fence, OLD.lease_holder, OLD.cursor, NEW.cursor, NEW.status,
+                   NEW.counters);
+         END IF;
+         RETURN NEW;
+       END $$ LANGUAGE plpgsql""",
+    """CREATE TRIGGER torture_run AFTER UPDATE ON django_jobruns_jobrun
+       FOR EACH ROW EXECUTE FUNCTION torture_run()""",
+]
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--db", choices=["sqlite", "postgres"], required=True)
+    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--kills", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--passes", type=int, default=6, help="passes per run")
+    parser.add_argument("--steps", type=int, default=4, help="steps per pass")
+    parser.add_argument("--lease-ttl", type=float, default=2.0, help="seconds")
+    parser.add_argument("--step-seconds", type=float, default=0.01, help="longest simulated upstream call")
+    parser.add_argument("--max-minutes", type=float, default=30.0, help="give up (and fail) after this long")
+    args = parser.parse_args()
+    for name in ("workers", "runs", "passes", "steps"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1")
+    if args.kills < 0:
+        parser.error("--kills must be >= 0")
+    return args
+
+
+def prepare_database(db: str, folder: Path) -> str:
+    if db == "sqlite":
+        return f"sqlite:///{folder / 'torture.sqlite3'}"
+    import psycopg
+
+    with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {POSTGRES_DB} WITH (FORCE)")
+        admin.execute(f"CREATE DATABASE {POSTGRES_DB}")
+    return f"postgres://postgres@127.0.0.1:5432/{POSTGRES_DB}"
+
+
+class Harness:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.rng = random.Random(args.seed)
+        self.folder = Path(tempfile.mkdtemp(prefix="jobruns-torture-"))
+        self.kills_dir = self.folder / "kills"
+        self.url = prepare_database(args.db, self.folder)
+        self.env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "bench.torture_settings",
+            "DATABASE_URL": self.url,
+            "JOBRUNS_VAR_DIR": str(self.folder),
+            "PYTHONPATH": str(ROOT),
+            "TORTURE_STEP_SECONDS": str(args.step_seconds),
+        }
+        self.workers: list[tuple[subprocess.Popen[bytes], float]] = []
+        self.external_kills = 0
+        self.spawned = 0
+
+    # -- set-up ----------------------------------------------------------------
+
+    def setup(self) -> None:
+        os.environ.update({k: v for k, v in self.env.items() if k != "TORTURE_DIR"})
+        sys.path.insert(0, str(ROOT))
+        import django
+
+        django.setup()
+        from django.core.management import call_command
+        from django.db import connection
+
+        call_command("migrate", verbosity=0)
+        with connection.cursor() as cur:
+            for statement in SQLITE_DDL if connection.vendor == "sqlite" else POSTGRES_DDL:
+                cur.execute(statement)
+        from django_jobruns import start_job_run
+
+        for n in range(self.args.runs):
+            start_job_run("torture.walk", instance=f"r{n}",
+                          payload={"passes": self.args.passes, "steps": self.args.steps})
+        # A quarter of the kills each inside a step body, between an effect and
+        # its memo, and in a commit; the rest sent from here at random moments.
+        per_point = self.args.kills // 4
+        for point in ("step", "effect", "commit"):
+            (self.kills_dir / point).mkdir(parents=True)
+            for i in range(per_point):
+                (self.kills_dir / point / f"token-{i}").touch()
+        self.external_budget = self.args.kills - 3 * per_point
+        self.env["TORTURE_DIR"] = str(self.kills_dir)
+
+    # -- the workers -----------------------------------------------------------
+
+    def spawn(self) -> None:
+        log = open(self.folder / f"worker-{self.spawned}.log", "wb")  # noqa: SIM115 (owned by the process)
+        self.spawned += 1
+        # Short drives of random size, as cron would run them: every new worker
+        # reads the due runs afresh and contends for them with the others.
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), "run_due_jobs",
+             "--max-passes", str(self.rng.randint(1, self.args.passes)),
+             "--limit", str(self.rng.randint(1, max(1, self.args.runs // 2))),
+             "--lease-ttl", str(self.args.lease_ttl), "--json"],
+            env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        )
+        log.close()
+        self.workers.append((proc, time.monotonic()))
+
+    def self_kills(self) -> dict[str, int]:
+        killed = self.kills_dir / "killed"
+        by_point: dict[str, int] = defaultdict(int)
+        for marker in killed.iterdir() if killed.exists() else []:
+            by_point[marker.name.split("-")[0]] += 1
+        return by_point
+
+    def tokens_left(self) -> int:
+        return sum(len(list((self.kills_dir / p).glob("token-*"))) for p in ("step", "effect", "commit"))
+
+    def progress(self) -> float:
+        from django.db import connection
+
+        with connection.cursor() as cur:
+            cur.execute("SELECT COUNT(*) FROM torture_events WHERE kind = 'commit'")
+            (commits,) = cur.fetchone()
+        return commits / (self.args.runs * self.args.passes)
+
+    def running(self) -> int:
+        from django_jobruns.models import JobRun
+
+        return JobRun.objects.filter(status="running").count()
+
+    def drive(self) -> None:
+        deadline = time.monotonic() + self.args.max_minutes * 60
+        next_kill = time.monotonic() + self.rng.uniform(0.3, 1.2)
+        while True:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"gave up after {self.args.max_minutes} minutes with {self.running()} runs running")
+            self.workers = [(p, t) for p, t in self.workers if p.poll() is None]
+            if self.running() == 0:
+                break
+            # Tokens the workers have not drawn by the last stretch become kills
+            # sent from here, so the planned number of kills does land.
+            if self.tokens_left() and self.progress() > 0.6:
+                for token in list(self.kills_dir.glob("*/token-*")):
+                    token.unlink(missing_ok=True)
+                    self.external_budget += 1
+            while len(self.workers) < self.args.workers:
+                self.spawn()
+            now = time.monotonic()
+            if self.external_budget and now >= next_kill:
+                ready = [p for p, started in self.workers if now - started > 0.3]
+                if ready:
+                    victim = self.rng.choice(ready)
+                    victim.send_signal(signal.SIGKILL)
+                    victim.wait()
+                    self.external_kills += 1
+                    self.external_budget -= 1
+                next_kill = now + self.rng.uniform(0.1, 0.8)
+            time.sleep(0.05)
+        for proc, _ in self.workers:
+            proc.send_signal(signal.SIGTERM)
+        for proc, _ in self.workers:
+            proc.wait(timeout=60)
+
+    # -- the verdict -----------------------------------------------------------
+
+    def verdict(self) -> dict[str, object]:
+        from django.db import connection
+
+        from django_jobruns.models import JobRun
+
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT id, kind, run_id, step, fence, cursor_old, cursor_new, pid FROM torture_events ORDER BY id"
+            )
+            events = cur.fetchall()
+        effects: dict[tuple[str, str], list[int]] = defaultdict(list)
+        memos: dict[tuple[str, str], int] = {}
+        latest_claim: dict[str, int] = {}
+        last_cursor: dict[str, int] = {}
+        overlapping = regressions = 0
+        pass_started: dict[tuple[str, int], int] = {}
+        committed: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+        for event_id, kind, run_id, step, fence, _cursor_old, cursor_new, pid in events:
+            if kind == "pass":
+                pass_started[(run_id, pid)] = event_id
+            elif kind == "committed_by":
+                committed[run_id].append((pass_started[(run_id, pid)], event_id, pid))
+            elif kind == "effect":
+                effects[(run_id, step)].append(event_id)
+            elif kind == "memo":
+                memos.setdefault((run_id, step), event_id)
+            elif kind == "claim":
+                latest_claim[run_id] = fence
+            elif kind == "commit":
+                # A commit under any fence but the latest claim's means a holder
+                # that had been taken over still wrote: two holders overlapped.
+                if fence != latest_claim.get(run_id):
+                    overlapping += 1
+                new = json.loads(cursor_new) if cursor_new is not None else -1
+                if new < last_cursor.get(run_id, -1):
+                    regressions += 1
+                last_cursor[run_id] = new
+        # The pass log: a committed pass spans from its start to its commit; two
+        # by different processes must never overlap.
+        for passes in committed.values():
+            passes.sort()
+            for (_, end, pid), (start, _, other) in zip(passes, passes[1:]):
+                if start < end and pid != other:
+                    overlapping += 1
+        repeated = at_least_once = 0
+        for key, ids in effects.items():
+            memo = memos.get(key)
+            for later in ids[1:]:
+                if memo is not None and memo < later:
+                    repeated += 1  # ran again after its memo had committed
+                else:
+                    at_least_once += 1  # died between its effect and its memo
+        expected_steps = {(f"p{p}-s{s}") for p in range(self.args.passes) for s in range(self.args.steps)}
+        runs = list(JobRun.objects.filter(job="walk", module="torture"))
+        missing = sum(len(expected_steps - {step for (rid, step) in effects if rid == run.id}) for run in runs)
+        exact = {"steps": self.args.passes * self.args.steps, "passes": self.args.passes}
+        counters_exact = all(json.loads(r.counters) == exact and r.cursor == str(self.args.passes) for r in runs)
+        return {
+            "kills": self.external_kills + sum(self.self_kills().values()),
+            "kills_by_point": {"external": self.external_kills, **self.self_kills()},
+            "runs": self.args.runs,
+            "done": sum(r.status == "done" for r in runs),
+            "repeated_committed_steps": repeated,
+            "overlapping_holders": overlapping,
+            "cursor_regressions": regressions,
+            "counters_exact": "yes" if counters_exact and missing == 0 else "no",
+            "at_least_once_repeats": at_least_once,
+            "missing_steps": missing,
+            "workers_started": self.spawned,
+        }
+
+    def cleanup(self) -> None:
+        from django.db import connections
+
+        connections.close_all()
+        if self.args.db == "postgres":
+            import psycopg
+
+            with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as admin:
+                admin.execute(f"DROP DATABASE IF EXISTS {POSTGRES_DB} WITH (FORCE)")
+
+
+def main() -> int:
+    args = parse_args()
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(1 << 30)
+    harness = Harness(args)
+    started = time.monotonic()
+    harness.setup()
+    try:
+        harness.drive()
+        result = harness.verdict()
+    finally:
+        for proc, _ in harness.workers:
+            if proc.poll() is None:
+                proc.kill()
+    print(
+        f"db={args.db} seed={args.seed} workers={args.workers} passes={args.passes} steps={args.steps} "
+        f"lease_ttl={args.lease_ttl}s workers_started={result['workers_started']} "
+        f"kills_by_point={','.join(f'{k}:{v}' for k, v in result['kills_by_point'].items())} "
+        f"missing_steps={result['missing_steps']} seconds={time.monotonic() - started:.0f} logs={harness.folder}"
+    )
+    ok = (
+        result["done"] == args.runs
+        and result["repeated_committed_steps"] == 0
+        and result["overlapping_holders"] == 0
+        and result["cursor_regressions"] == 0
+        and result["counters_exact"] == "yes"
+    )
+    harness.cleanup()
+    print(
+        f"kills={result['kills']} runs={result['runs']} done={result['done']} "
+        f"repeated_committed_steps={result['repeated_committed_steps']} "
+        f"overlapping_holders={result['overlapping_holders']} cursor_regressions={result['cursor_regressions']} "
+        f"counters_exact={result['counters_exact']} at_least_once_repeats={result['at_least_once_repeats']}"
+    )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

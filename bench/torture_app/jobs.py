@@ -1,0 +1,47 @@
+"""The torture job: several passes of several steps, each step leaving an effect row."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from typing import Any
+
+from django.db import connection
+
+from django_jobruns import RetryPolicy, job
+
+from .kills import CURRENT, maybe_die
+
+
+def _event(kind: str, run_id: str, step: str | None = None) -> None:
+    # Autocommit, outside the app's transactions: durable the moment it
+    # happens, whatever becomes of the step's memo or the pass.
+    with connection.cursor() as cur:
+        cur.execute(
+            "INSERT INTO torture_events (kind, run_id, step, pid) VALUES (%s, %s, %s, %s)",
+            [kind, run_id, step, os.getpid()],
+        )
+
+
+@job(retry=RetryPolicy(max_attempts=1000, base_delay=0, jitter=0))
+def walk(p: Any) -> dict[str, Any]:
+    position = p.cursor or 0
+    steps = p.payload["steps"]
+    CURRENT["run"] = p.run.id
+    _event("pass", p.run.id)
+    for index in range(steps):
+        name = f"p{position}-s{index}"
+
+        def body(name: str = name) -> str:
+            maybe_die("step")
+            _event("effect", p.run.id, name)
+            time.sleep(random.uniform(0, float(os.environ.get("TORTURE_STEP_SECONDS", "0.01"))))  # the upstream call
+            maybe_die("effect")
+            return name
+
+        p.step(name, body)
+    p.count("steps", steps)
+    p.count("passes")
+    following = position + 1
+    return {"cursor": following, "done": following >= p.payload["passes"]}
