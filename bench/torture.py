@@ -204,6 +204,7 @@ class Harness:
     def drive(self) -> None:
         deadline = time.monotonic() + self.args.max_minutes * 60
         next_kill = time.monotonic() + self.rng.uniform(0.3, 1.2)
+        hurry = False
         while True:
             if time.monotonic() > deadline:
                 raise SystemExit(f"gave up after {self.args.max_minutes} minutes with {self.running()} runs running")
@@ -212,10 +213,11 @@ class Harness:
                 break
             # Tokens the workers have not drawn by the last stretch become kills
             # sent from here, so the planned number of kills does land.
-            if self.tokens_left() and self.progress() > 0.6:
+            if self.tokens_left() and self.progress() > 0.5:
                 for token in list(self.kills_dir.glob("*/token-*")):
                     token.unlink(missing_ok=True)
                     self.external_budget += 1
+                hurry = True
             while len(self.workers) < self.args.workers:
                 self.spawn()
             now = time.monotonic()
@@ -227,7 +229,7 @@ class Harness:
                     victim.wait()
                     self.external_kills += 1
                     self.external_budget -= 1
-                next_kill = now + self.rng.uniform(0.1, 0.8)
+                next_kill = now + (self.rng.uniform(0.05, 0.25) if hurry else self.rng.uniform(0.1, 0.8))
             time.sleep(0.05)
         for proc, _ in self.workers:
             proc.send_signal(signal.SIGTERM)

@@ -71,6 +71,9 @@ class DriveReport:
     errors: list[tuple[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     stopped: bool = False
+    #: Runs whose pass could not be recorded at all (the database failed under
+    #: it): nothing was written, and the run is taken again by a later drive.
+    unrecorded: list[tuple[str, str]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     COUNTS = ("attempted", "advanced", "completed", "retrying", "failed", "skipped", "stale", "lost", "unreleased")
@@ -87,12 +90,12 @@ class DriveReport:
             if outcome.warning is not None:
                 self.warnings.append(f"run {run_id}: {outcome.warning}")
 
-    def error(self, run_id: str, message: str) -> None:
+    def not_recorded(self, run_id: str, message: str) -> None:
         with self._lock:
-            self.errors.append((run_id, message))
+            self.unrecorded.append((run_id, message))
 
     def __getitem__(self, key: str) -> Any:
-        if key not in self.COUNTS and key not in ("errors", "warnings", "stopped"):
+        if key not in self.COUNTS and key not in ("errors", "warnings", "stopped", "unrecorded"):
             raise KeyError(key)
         return getattr(self, key)
 
@@ -101,6 +104,7 @@ class DriveReport:
         data["errors"] = [list(pair) for pair in self.errors]
         data["warnings"] = list(self.warnings)
         data["stopped"] = self.stopped
+        data["unrecorded"] = [list(pair) for pair in self.unrecorded]
         return data
 
     def summary(self) -> str:
@@ -323,7 +327,7 @@ class _Drive:
                 ledger = {}  # the commit dropped it
         except Exception as exc:
             logger.exception("run %s: the drive could not record its pass", run_id)
-            self.report.error(run_id, _summary(exc))
+            self.report.not_recorded(run_id, _summary(exc))
             if not connection.in_atomic_block:
                 # A connection the server dropped is replaced before the release
                 # and the runs after this one try to use it.

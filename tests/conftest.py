@@ -65,9 +65,10 @@ def worker_env() -> dict[str, str]:
     return env
 
 
-def manage(*args: str, **kwargs) -> subprocess.Popen:
+def manage(*args: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start ``manage.py`` in a new process against the test database."""
     return subprocess.Popen(
         [sys.executable, str(ROOT / "manage.py"), *args],
-        env=worker_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs,
+        env={**worker_env(), **(extra_env or {})}, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
     )

@@ -67,7 +67,7 @@ def test_p1_commit_is_one_transaction_with_dropping_the_ledger(behaviour, clock)
     run.refresh_from_db()
     assert run.cursor is None and json.loads(run.counters) == {}
     assert JobStep.objects.get(run=run, step="a").result == '"done"'
-    assert report.errors and "injected failure" in report.errors[0][1]
+    assert report.unrecorded and "injected failure" in report.unrecorded[0][1]
     assert run.lease_holder is None, "the lease is released in finally"
 
 

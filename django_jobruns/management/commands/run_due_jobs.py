@@ -92,6 +92,15 @@ class Command(BaseCommand):
                 self.stderr.write(f"run {run_id}: {error}")
             for warning in report.warnings:
                 self.stderr.write(f"warning: {warning}")
+        if report.unrecorded:
+            for run_id, error in report.unrecorded:
+                self.stderr.write(f"run {run_id}: the pass could not be recorded: {error.splitlines()[0]}")
+            # Exit non-zero: the database failed under the drive, which a
+            # scheduler should surface; the runs themselves are intact and due.
+            raise CommandError(
+                f"{len(report.unrecorded)} run(s) could not be recorded because the database failed; "
+                "they will be taken again by a later drive"
+            )
 
     @staticmethod
     def _install_signal_handlers(stop: threading.Event) -> dict[int, Any]:
