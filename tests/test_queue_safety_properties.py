@@ -1,0 +1,88 @@
+"""Queue safety, by property: what is accepted round-trips through storage; what is not is refused by path."""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import math
+import uuid
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from django_jobruns import job_runs, start_job_run
+from django_jobruns.exceptions import QueueUnsafe
+from django_jobruns.models import JobRun
+
+json_leaves = (
+    st.none() | st.booleans() | st.integers(min_value=-(2**63), max_value=2**63)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text()
+)
+json_values = st.recursive(
+    json_leaves,
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=16,
+)
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal, with the same types all the way down (1 is not 1.0 is not True)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float):
+        return a == b and math.copysign(1, a) == math.copysign(1, b)
+    return a == b
+
+
+_instances = itertools.count()
+
+
+@pytest.mark.django_db
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(value=json_values)
+def test_every_accepted_payload_round_trips_through_storage_unchanged(value):
+    instance = f"prop-{next(_instances)}"
+    run, created = start_job_run("tests.walk", instance=instance, payload=value)
+    assert created
+    (record,) = job_runs(instance=instance)
+    assert record.decode_error is None
+    assert same(record.payload, value), (record.payload, value)
+    JobRun.objects.filter(pk=run.pk).delete()
+
+
+UNSAFE_LEAVES = st.sampled_from([
+    b"bytes", bytearray(b"x"), {1, 2}, frozenset(), (1, 2), math.nan, math.inf, -math.inf,
+    dt.datetime(2026, 1, 1), dt.date(2026, 1, 1), Decimal("1.5"), uuid.uuid4(), object(), {3: "int key"},
+])
+path_segments = st.lists(st.one_of(st.text(alphabet="abcxyz", min_size=1, max_size=4), st.integers(0, 3)),
+                         max_size=4)
+
+
+@given(segments=path_segments, leaf=UNSAFE_LEAVES, siblings=st.lists(json_leaves, max_size=3))
+def test_every_reshaped_value_is_refused_naming_its_path(segments, leaf, siblings):
+    from django_jobruns.queue_safety import check_queue_safe
+
+    value: Any = leaf
+    path = []
+    for segment in reversed(segments):
+        if isinstance(segment, int):
+            # Safe siblings before the bad one: it sits at index len(siblings).
+            value = [*siblings, value]
+            path.insert(0, str(len(siblings)))
+        else:
+            value = {segment: value}
+            path.insert(0, segment)
+    expected = ".".join(["payload", *path])
+    if isinstance(leaf, dict):
+        expected += ".3"  # the offending key itself
+    with pytest.raises(QueueUnsafe) as caught:
+        check_queue_safe(value, "payload")
+    assert caught.value.path == expected
+    assert expected in str(caught.value)
