@@ -121,7 +121,8 @@ class Harness:
         self.url = prepare_database(args.db, self.folder)
         self.env = {
             **os.environ,
-            "DJANGO_SETTINGS_MODULE": "bench.torture_settings",
+            "DJANGO_SETTINGS_MODULE": "bench.settings",
+            "BENCH_SQLITE_MODE": "wal",
             "DATABASE_URL": self.url,
             "JOBRUNS_VAR_DIR": str(self.folder),
             "PYTHONPATH": str(ROOT),

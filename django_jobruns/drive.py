@@ -21,10 +21,9 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from django.db import connection
-from django.db.models import Q
 from django.utils import timezone
 
-from . import conf
+from . import conf, sql
 from .exceptions import InvalidDriveOptions
 from .models import JobRun, Status
 from .passes import Claim, PassOutcome, _summary, run_pass
@@ -273,18 +272,13 @@ class _Drive:
         finally:
             connection.close()
 
-    def claim(self, run_id: str, fence: int) -> Claim | None:
-        """Take the run if nobody else claimed it since it was read, or the claim expired."""
+    def claim(self, run_id: str, fence: int) -> tuple[Claim, sql.ClaimedRow] | None:
+        """Take the run if nobody claimed it since it was read, or their claim expired."""
         now = self.clock()
-        taken = (
-            # The fence read with the due rows is compared, not the status: a run
-            # changed out of band since the read is claimed and then given back as
-            # stale, so the report tells "finished elsewhere" from "held elsewhere".
-            JobRun.objects.filter(pk=run_id, lease_fence=fence)
-            .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now))
-            .update(lease_holder=self.holder, lease_expires_at=now + self.ttl, lease_fence=fence + 1)
-        )
-        return Claim(run_id, self.holder, fence + 1, self.ttl, self.clock) if taken else None
+        row = sql.claim(run_id, fence, self.holder, now, now + self.ttl)
+        if row is None:
+            return None
+        return Claim(run_id, self.holder, fence + 1, self.ttl, self.clock), row
 
     def handle(self, run_id: str, fence: int, module: str, job_name: str) -> bool:
         """Drive one run; return False once the stop signal says to take no more."""
@@ -293,20 +287,21 @@ class _Drive:
         job = lookup(module, job_name)
         if job is None:  # unregistered since the due read: step over it
             return True
-        claim = self.claim(run_id, fence)
-        if claim is None:
+        taken = self.claim(run_id, fence)
+        if taken is None:
             self.report.add("skipped")
             return True
+        claim, row = taken
         self.report.add("attempted")
         released = False
         try:
-            run = JobRun.objects.get(pk=run_id)
-            # Checked under the claim: only then is the answer stable. The due
-            # read was a snapshot, and another worker may have finished the run
-            # and released it in between.
-            if run.status != Status.RUNNING or (run.next_attempt_at is not None and run.next_attempt_at > self.clock()):
+            # Checked under the claim (the claim's own re-read): only then is the
+            # answer stable. The due read was a snapshot, and the run may have
+            # been finished or rescheduled out of band since.
+            if row.run.status != Status.RUNNING or not row.due:
                 self.report.add("stale")
                 return True
+            run = row.run
             ledger = None
             for number in range(1, self.max_passes + 1):
                 last = number == self.max_passes or self.stopping()
@@ -319,11 +314,12 @@ class _Drive:
                 if self.stopping():
                     break
                 # The next pass resumes from what the store says was committed.
-                run = JobRun.objects.get(pk=run_id)
-                if run.lease_fence != claim.fence or run.status != Status.RUNNING:
+                fresh = sql.read_run(run_id, self.clock())
+                if fresh is None or fresh.run.lease_fence != claim.fence or fresh.run.status != Status.RUNNING:
                     self.report.add("lost")
                     released = True
                     break
+                run = fresh.run
                 ledger = {}  # the commit dropped it
         except Exception as exc:
             logger.exception("run %s: the drive could not record its pass", run_id)
@@ -339,7 +335,7 @@ class _Drive:
 
     def release(self, claim: Claim) -> None:
         try:
-            claim.fenced().update(lease_holder=None, lease_expires_at=None)
+            claim.write(lease_holder=None, lease_expires_at=None)
         except Exception:
             # Never raised: this runs in a finally that may be unwinding the
             # pass's own error, which is the one the operator needs to see.

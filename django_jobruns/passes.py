@@ -26,7 +26,8 @@ from typing import Any, TypeVar
 from django.db import transaction
 
 from .exceptions import InvalidPassResult, LeaseLost, StepExhausted, StepReused, UndecodableRun
-from .models import JobRun, JobStep, Status
+from . import sql
+from .models import JobRun, Status
 from .queue_safety import dump_queue_safe, dump_result
 from .registry import Job
 from .retry import RetryPolicy
@@ -52,9 +53,9 @@ class Claim:
     def expiry(self, now: datetime) -> datetime:
         return now + self.ttl
 
-    def fenced(self) -> Any:
-        """The run's row, as long as this claim is still the latest one."""
-        return JobRun.objects.filter(pk=self.run_id, lease_fence=self.fence)
+    def write(self, **fields: Any) -> bool:
+        """Write ``fields`` to the run if this claim is still the latest; return whether it was."""
+        return sql.update_fenced(self.run_id, self.fence, fields)
 
 
 @dataclass(frozen=True)
@@ -93,8 +94,7 @@ class _StepFailure:
 
 def load_ledger(run_id: str) -> dict[str, _LedgerRow]:
     """Read the step ledger of the pass in flight, in one query."""
-    rows = JobStep.objects.filter(run_id=run_id).values_list("step", "result", "attempts", "last_error")
-    return {step: _LedgerRow(result, attempts, error) for step, result, attempts, error in rows}
+    return {step: _LedgerRow(result, attempts, error) for step, result, attempts, error in sql.ledger(run_id)}
 
 
 def _decode(text: str | None, what: str) -> Any:
@@ -212,17 +212,9 @@ class Pass:
             with transaction.atomic():
                 # The fence check and the heartbeat in one statement; the step row
                 # is written only if this claim is still the latest.
-                if not claim.fenced().update(lease_expires_at=claim.expiry(now)):
+                if not sql.heartbeat(claim.run_id, claim.fence, claim.expiry(now)):
                     raise LeaseLost(f"run {claim.run_id}: the lease was taken over while step {name!r} ran")
-                if name in self._ledger:
-                    JobStep.objects.filter(run_id=claim.run_id, step=name).update(
-                        result=result, attempts=attempts, last_error=error, recorded_at=now
-                    )
-                else:
-                    JobStep.objects.create(
-                        run_id=claim.run_id, step=name, result=result, attempts=attempts,
-                        last_error=error, recorded_at=now,
-                    )
+                sql.record_step(claim.run_id, name, result, attempts, error, now, exists=name in self._ledger)
         except LeaseLost:
             self._lost = True
             raise
@@ -326,10 +318,10 @@ def run_pass(run: JobRun, job: Job, claim: Claim, *, release: bool, ledger: dict
     else:
         fields["lease_expires_at"] = claim.expiry(now)
     with transaction.atomic():
-        if not claim.fenced().update(**fields):
+        if not claim.write(**fields):
             return PassOutcome("lost")
         if ledger:
-            JobStep.objects.filter(run_id=run.id).delete()
+            sql.drop_ledger(run.id)
     return PassOutcome("completed" if done else "advanced", warning=warning)
 
 
@@ -359,7 +351,7 @@ def _fail(run: JobRun, job: Job, claim: Claim, p: Pass | None, exc: Exception) -
         fields.update(status=Status.FAILED, ended_at=now, next_attempt_at=None, live=None)
     else:
         fields["next_attempt_at"] = policy.next_attempt_at(against, now)
-    if not claim.fenced().update(**fields):
+    if not claim.write(**fields):
         return PassOutcome("lost")
     logger.warning("run %s (%s.%s) pass failed%s: %s", run.id, run.module, run.job,
                    " and the run is failed" if exhausted else ", will retry", summary)

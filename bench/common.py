@@ -1,0 +1,69 @@
+"""Shared helpers of the benchmark scripts: fresh databases, Django set-up, medians."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+POSTGRES_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+def fresh_database(db: str, name: str, folder: Path | None = None) -> str:
+    """Return the URL of a new, empty database called ``name``."""
+    if db == "sqlite":
+        folder = folder or Path(tempfile.mkdtemp(prefix="jobruns-bench-"))
+        path = folder / f"{name}.sqlite3"
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        return f"sqlite:///{path}"
+    import psycopg
+
+    with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        admin.execute(f"CREATE DATABASE {name}")
+    return f"postgresql://postgres@127.0.0.1:5432/{name}"
+
+
+def drop_database(db: str, name: str) -> None:
+    if db == "postgres":
+        import psycopg
+
+        with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def setup_django(url: str, sqlite_mode: str = "wal") -> None:
+    """Configure Django in this process for the bench settings and the database at ``url``."""
+    os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
+    os.environ["DATABASE_URL"] = url
+    os.environ["BENCH_SQLITE_MODE"] = sqlite_mode
+    os.environ.setdefault("JOBRUNS_VAR_DIR", tempfile.mkdtemp(prefix="jobruns-bench-var-"))
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def run_phase(script: str, *args: str) -> dict[str, Any]:
+    """Run one phase of a benchmark in a fresh process and return the JSON it prints last."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), *args],
+        cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"{script} {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)

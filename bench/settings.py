@@ -1,0 +1,23 @@
+"""Settings for the benchmarks' and the torture harness's processes.
+
+The demo project plus the bench apps. SQLite runs in the mode BENCH_SQLITE_MODE
+names: ``rollback`` (a rollback journal, as DBOS uses it) or ``wal`` (WAL with
+synchronous=NORMAL, what this app recommends); IMMEDIATE transactions either way.
+"""
+
+import os
+
+from testproject.settings import *  # noqa: F403
+from testproject.settings import DATABASES, INSTALLED_APPS
+
+INSTALLED_APPS = [*INSTALLED_APPS, "bench.torture_app", "bench.perf"]
+LOGGING = {"version": 1, "disable_existing_loggers": False}
+
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    _wal = os.environ.get("BENCH_SQLITE_MODE", "wal") == "wal"
+    DATABASES["default"]["OPTIONS"] = {
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 30,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;" if _wal
+        else "PRAGMA journal_mode=DELETE; PRAGMA synchronous=FULL;",
+    }
