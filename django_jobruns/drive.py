@@ -278,7 +278,7 @@ class _Drive:
         row = sql.claim(run_id, fence, self.holder, now, now + self.ttl)
         if row is None:
             return None
-        return Claim(run_id, self.holder, fence + 1, self.ttl, self.clock), row
+        return Claim(run_id, self.holder, fence + 1, self.ttl, self.clock, now + self.ttl), row
 
     def handle(self, run_id: str, fence: int, module: str, job_name: str) -> bool:
         """Drive one run; return False once the stop signal says to take no more."""

@@ -122,7 +122,8 @@ class JobStep(models.Model):
     attempt count. The rows are dropped when the pass commits.
     """
 
-    run = models.ForeignKey(JobRun, on_delete=models.CASCADE, related_name="steps")
+    # No index of its own: the unique (run, step) constraint leads with run.
+    run = models.ForeignKey(JobRun, on_delete=models.CASCADE, related_name="steps", db_index=False)
     step = models.CharField(max_length=255)
     result = models.TextField(null=True, blank=True)
     attempts = models.IntegerField(default=0)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connections
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -36,44 +36,96 @@ class ClaimedRow:
     due: bool
 
 
-def _q(name: str) -> str:
-    return connection.ops.quote_name(name)
-
-
-def _at(value: datetime) -> Any:
-    return connection.ops.adapt_datetimefield_value(value)
-
-
-def _returning() -> bool:
-    """UPDATE … RETURNING: PostgreSQL, and SQLite from 3.35."""
-    if connection.vendor == "postgresql":
-        return True
-    return connection.vendor == "sqlite" and sqlite3.sqlite_version_info >= (3, 35)
-
-
 _RUN = JobRun._meta.db_table
 _STEP = JobStep._meta.db_table
 
 
-def _row_select() -> str:
-    return ", ".join(_q(c) for c in RUN_COLUMNS)
+class _Statements:
+    """The statements, spelled for one database vendor (built once per vendor)."""
+
+    def __init__(self, wrapper: Any) -> None:
+        q = wrapper.ops.quote_name
+        run, step = q(_RUN), q(_STEP)
+        self.returning = wrapper.vendor == "postgresql" or (
+            wrapper.vendor == "sqlite" and sqlite3.sqlite_version_info >= (3, 35)
+        )
+        self.columns = ", ".join(q(c) for c in RUN_COLUMNS)
+        self.claim = (
+            f"UPDATE {run} SET {q('lease_holder')} = %s, {q('lease_expires_at')} = %s, {q('lease_fence')} = %s "
+            f"WHERE {q('id')} = %s AND {q('lease_fence')} = %s "
+            f"AND ({q('lease_expires_at')} IS NULL OR {q('lease_expires_at')} <= %s)"
+        )
+        self.claim_returning = f"{self.claim} RETURNING {self.columns}"
+        self.read_run = f"SELECT {self.columns} FROM {run} WHERE {q('id')} = %s"
+        self.ledger = (
+            f"SELECT {q('step')}, {q('result')}, {q('attempts')}, {q('last_error')} FROM {step} "
+            f"WHERE {q('run_id')} = %s"
+        )
+        self.fence_holds = f"SELECT 1 FROM {run} WHERE {q('id')} = %s AND {q('lease_fence')} = %s"
+        self.heartbeat = (
+            f"UPDATE {run} SET {q('lease_expires_at')} = %s WHERE {q('id')} = %s AND {q('lease_fence')} = %s"
+        )
+        self.update_step = (
+            f"UPDATE {step} SET {q('result')} = %s, {q('attempts')} = %s, {q('last_error')} = %s, "
+            f"{q('recorded_at')} = %s WHERE {q('run_id')} = %s AND {q('step')} = %s"
+        )
+        self.insert_step = (
+            f"INSERT INTO {step} ({q('run_id')}, {q('step')}, {q('result')}, {q('attempts')}, "
+            f"{q('last_error')}, {q('recorded_at')}) VALUES (%s, %s, %s, %s, %s, %s)"
+        )
+        self.update_fenced_prefix = f"UPDATE {run} SET "
+        self.update_fenced_where = f" WHERE {q('id')} = %s AND {q('lease_fence')} = %s"
+        self.assign: dict[str, str] = {}
+        self.quote = q
+        self.drop_ledger = f"DELETE FROM {step} WHERE {q('run_id')} = %s"
+
+    def assignments(self, columns: Any) -> str:
+        key = tuple(columns)
+        text = self.assign.get(key)  # type: ignore[call-overload]
+        if text is None:
+            text = ", ".join(f"{self.quote(c)} = %s" for c in key)
+            self.assign[key] = text  # type: ignore[index]
+        return text
 
 
-def _datetime(value: Any) -> datetime | None:
+_statements: dict[str, _Statements] = {}
+
+
+def read_checks_fence() -> bool:
+    """Whether a read inside a write transaction is as good as a locking write.
+
+    True on SQLite, whose write transactions hold the whole database's write
+    lock (IMMEDIATE; under DEFERRED a claim committed after the read makes the
+    transaction's write fail instead). Not on PostgreSQL, where only a row
+    lock keeps a concurrent claim out, and the heartbeat's UPDATE takes it.
+    """
+    return bool(connections[DEFAULT_DB_ALIAS].vendor == "sqlite")
+
+
+def _db() -> tuple[Any, _Statements]:
+    """The default connection itself (not its thread-local proxy) and its statements."""
+    wrapper = connections[DEFAULT_DB_ALIAS]
+    statements = _statements.get(wrapper.vendor)
+    if statements is None:
+        statements = _statements[wrapper.vendor] = _Statements(wrapper)
+    return wrapper, statements
+
+
+def _datetime(value: Any, wrapper: Any) -> datetime | None:
     """A datetime column read by a raw cursor, as the ORM would give it."""
     if value is None or (isinstance(value, datetime) and timezone.is_aware(value)):
         return value
     parsed = parse_datetime(value) if isinstance(value, str) else value
     if parsed is None:
         raise ValueError(f"not a datetime: {value!r}")
-    return timezone.make_aware(parsed, connection.timezone) if timezone.is_naive(parsed) else parsed
+    return timezone.make_aware(parsed, wrapper.timezone) if timezone.is_naive(parsed) else parsed
 
 
-def _run_from(row: tuple[Any, ...], now: datetime) -> ClaimedRow:
+def _run_from(row: tuple[Any, ...], now: datetime, wrapper: Any) -> ClaimedRow:
     # Due-ness is judged here, not in SQL: SQLite 3.40's RETURNING evaluates
     # "column IS NULL" wrongly, and the clock is the worker's either way.
     values = dict(zip(RUN_COLUMNS, row))
-    values["next_attempt_at"] = _datetime(values["next_attempt_at"])
+    values["next_attempt_at"] = _datetime(values["next_attempt_at"], wrapper)
     run = JobRun(**values)
     return ClaimedRow(run, run.next_attempt_at is None or run.next_attempt_at <= now)
 
@@ -87,21 +139,15 @@ def claim(run_id: str, fence: int, holder: str, now: datetime, expires: datetime
     back as stale. Where the database can, the UPDATE returns the row as the
     claim left it; elsewhere it is read back at once.
     """
-    where = (
-        f"WHERE {_q('id')} = %s AND {_q('lease_fence')} = %s "
-        f"AND ({_q('lease_expires_at')} IS NULL OR {_q('lease_expires_at')} <= %s)"
-    )
-    update = (
-        f"UPDATE {_q(_RUN)} SET {_q('lease_holder')} = %s, {_q('lease_expires_at')} = %s, "
-        f"{_q('lease_fence')} = %s {where}"
-    )
-    params = [holder, _at(expires), fence + 1, run_id, fence, _at(now)]
-    with connection.cursor() as cur:
-        if _returning():
-            cur.execute(f"{update} RETURNING {_row_select()}", params)
+    wrapper, st = _db()
+    at = wrapper.ops.adapt_datetimefield_value
+    params = [holder, at(expires), fence + 1, run_id, fence, at(now)]
+    with wrapper.cursor() as cur:
+        if st.returning:
+            cur.execute(st.claim_returning, params)
             row = cur.fetchone()
-            return _run_from(row, now) if row is not None else None
-        cur.execute(update, params)
+            return _run_from(row, now, wrapper) if row is not None else None
+        cur.execute(st.claim, params)
         if cur.rowcount != 1:
             return None
     return read_run(run_id, now)
@@ -109,63 +155,62 @@ def claim(run_id: str, fence: int, holder: str, now: datetime, expires: datetime
 
 def read_run(run_id: str, now: datetime) -> ClaimedRow | None:
     """Read the run's decodable state and whether it is due at ``now``."""
-    with connection.cursor() as cur:
-        cur.execute(f"SELECT {_row_select()} FROM {_q(_RUN)} WHERE {_q('id')} = %s", [run_id])
+    wrapper, st = _db()
+    with wrapper.cursor() as cur:
+        cur.execute(st.read_run, [run_id])
         row = cur.fetchone()
-    return _run_from(row, now) if row is not None else None
+    return _run_from(row, now, wrapper) if row is not None else None
 
 
 def ledger(run_id: str) -> list[tuple[str, str | None, int, str | None]]:
     """The step ledger of the pass in flight."""
-    with connection.cursor() as cur:
-        cur.execute(
-            f"SELECT {_q('step')}, {_q('result')}, {_q('attempts')}, {_q('last_error')} "
-            f"FROM {_q(_STEP)} WHERE {_q('run_id')} = %s",
-            [run_id],
-        )
+    wrapper, st = _db()
+    with wrapper.cursor() as cur:
+        cur.execute(st.ledger, [run_id])
         return list(cur.fetchall())
 
 
 def heartbeat(run_id: str, fence: int, expires: datetime) -> bool:
     """Extend the lease if ``fence`` is still the run's; the fence check of a step write."""
-    with connection.cursor() as cur:
-        cur.execute(
-            f"UPDATE {_q(_RUN)} SET {_q('lease_expires_at')} = %s WHERE {_q('id')} = %s AND {_q('lease_fence')} = %s",
-            [_at(expires), run_id, fence],
-        )
+    wrapper, st = _db()
+    with wrapper.cursor() as cur:
+        cur.execute(st.heartbeat, [wrapper.ops.adapt_datetimefield_value(expires), run_id, fence])
         return bool(cur.rowcount == 1)
+
+
+def fence_holds(run_id: str, fence: int) -> bool:
+    """Whether ``fence`` is still the run's (only meaningful under the database's write lock)."""
+    wrapper, st = _db()
+    with wrapper.cursor() as cur:
+        cur.execute(st.fence_holds, [run_id, fence])
+        return cur.fetchone() is not None
 
 
 def record_step(
     run_id: str, step: str, result: str | None, attempts: int, error: str | None, at: datetime, *, exists: bool
 ) -> None:
-    with connection.cursor() as cur:
+    wrapper, st = _db()
+    recorded = wrapper.ops.adapt_datetimefield_value(at)
+    with wrapper.cursor() as cur:
         if exists:
-            cur.execute(
-                f"UPDATE {_q(_STEP)} SET {_q('result')} = %s, {_q('attempts')} = %s, {_q('last_error')} = %s, "
-                f"{_q('recorded_at')} = %s WHERE {_q('run_id')} = %s AND {_q('step')} = %s",
-                [result, attempts, error, _at(at), run_id, step],
-            )
+            cur.execute(st.update_step, [result, attempts, error, recorded, run_id, step])
         else:
-            cur.execute(
-                f"INSERT INTO {_q(_STEP)} ({_q('run_id')}, {_q('step')}, {_q('result')}, {_q('attempts')}, "
-                f"{_q('last_error')}, {_q('recorded_at')}) VALUES (%s, %s, %s, %s, %s, %s)",
-                [run_id, step, result, attempts, error, _at(at)],
-            )
+            cur.execute(st.insert_step, [run_id, step, result, attempts, error, recorded])
 
 
 def update_fenced(run_id: str, fence: int, fields: dict[str, Any]) -> bool:
     """Write ``fields`` to the run if ``fence`` is still its fence; return whether it was."""
-    assignments = ", ".join(f"{_q(column)} = %s" for column in fields)
-    params = [_at(v) if isinstance(v, datetime) else v for v in fields.values()]
-    with connection.cursor() as cur:
+    wrapper, st = _db()
+    at = wrapper.ops.adapt_datetimefield_value
+    params = [at(v) if isinstance(v, datetime) else v for v in fields.values()]
+    with wrapper.cursor() as cur:
         cur.execute(
-            f"UPDATE {_q(_RUN)} SET {assignments} WHERE {_q('id')} = %s AND {_q('lease_fence')} = %s",
-            [*params, run_id, fence],
+            f"{st.update_fenced_prefix}{st.assignments(fields)}{st.update_fenced_where}", [*params, run_id, fence]
         )
         return bool(cur.rowcount == 1)
 
 
 def drop_ledger(run_id: str) -> None:
-    with connection.cursor() as cur:
-        cur.execute(f"DELETE FROM {_q(_STEP)} WHERE {_q('run_id')} = %s", [run_id])
+    wrapper, st = _db()
+    with wrapper.cursor() as cur:
+        cur.execute(st.drop_ledger, [run_id])
