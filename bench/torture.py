@@ -35,7 +35,7 @@ POSTGRES_DB = "jobruns_torture"
 SQLITE_DDL = [
     """CREATE TABLE torture_events (id INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL, run_id TEXT,
        step TEXT, fence INTEGER, holder TEXT, cursor_old TEXT, cursor_new TEXT, status TEXT, counters TEXT,
-       pid INTEGER)""",
+       pid INTEGER, backend INTEGER)""",
     """CREATE TRIGGER torture_memo_insert AFTER INSERT ON django_jobruns_jobstep WHEN NEW.result IS NOT NULL
        BEGIN INSERT INTO torture_events (kind, run_id, step) VALUES ('memo', NEW.run_id, NEW.step); END""",
     """CREATE TRIGGER torture_memo_update AFTER UPDATE OF result ON django_jobruns_jobstep
@@ -45,8 +45,8 @@ SQLITE_DDL = [
        WHEN NEW.lease_fence <> OLD.lease_fence
        BEGIN INSERT INTO torture_events (kind, run_id, fence, holder)
              VALUES ('claim', NEW.id, NEW.lease_fence, NEW.lease_holder); END""",
-    """CREATE TRIGGER torture_commit AFTER UPDATE ON django_jobruns_jobrun
-       WHEN NEW.cursor IS NOT OLD.cursor OR NEW.status <> OLD.status OR NEW.counters <> OLD.counters
+    # Every pass commit sets the cursor (even to the value it had), and nothing else does.
+    """CREATE TRIGGER torture_commit AFTER UPDATE OF cursor ON django_jobruns_jobrun
        BEGIN INSERT INTO torture_events (kind, run_id, fence, holder, cursor_old, cursor_new, status, counters)
              VALUES ('commit', NEW.id, NEW.lease_fence, OLD.lease_holder, OLD.cursor, NEW.cursor, NEW.status,
                      NEW.counters); END""",
@@ -54,7 +54,8 @@ SQLITE_DDL = [
 
 POSTGRES_DDL = [
     """CREATE TABLE torture_events (id BIGSERIAL PRIMARY KEY, kind TEXT NOT NULL, run_id TEXT, step TEXT,
-       fence BIGINT, holder TEXT, cursor_old TEXT, cursor_new TEXT, status TEXT, counters TEXT, pid INTEGER)""",
+       fence BIGINT, holder TEXT, cursor_old TEXT, cursor_new TEXT, status TEXT, counters TEXT, pid INTEGER,
+       backend INTEGER)""",
     """CREATE FUNCTION torture_memo() RETURNS trigger AS $$ BEGIN
          IF NEW.result IS NOT NULL AND (TG_OP = 'INSERT' OR OLD.result IS NULL) THEN
            INSERT INTO torture_events (kind, run_id, step) VALUES ('memo', NEW.run_id, NEW.step);
@@ -63,20 +64,24 @@ POSTGRES_DDL = [
        END $$ LANGUAGE plpgsql""",
     """CREATE TRIGGER torture_memo AFTER INSERT OR UPDATE ON django_jobruns_jobstep
        FOR EACH ROW EXECUTE FUNCTION torture_memo()""",
-    """CREATE FUNCTION torture_run() RETURNS trigger AS $$ BEGIN
+    """CREATE FUNCTION torture_claim() RETURNS trigger AS $$ BEGIN
          IF NEW.lease_fence <> OLD.lease_fence THEN
            INSERT INTO torture_events (kind, run_id, fence, holder)
            VALUES ('claim', NEW.id, NEW.lease_fence, NEW.lease_holder);
          END IF;
-         IF NEW.cursor IS DISTINCT FROM OLD.cursor OR NEW.status <> OLD.status OR NEW.counters <> OLD.counters THEN
-           INSERT INTO torture_events (kind, run_id, fence, holder, cursor_old, cursor_new, status, counters)
-           VALUES ('commit', NEW.id, NEW.lease_fence, OLD.lease_holder, OLD.cursor, NEW.cursor, NEW.status,
-                   NEW.counters);
-         END IF;
          RETURN NEW;
        END $$ LANGUAGE plpgsql""",
-    """CREATE TRIGGER torture_run AFTER UPDATE ON django_jobruns_jobrun
-       FOR EACH ROW EXECUTE FUNCTION torture_run()""",
+    """CREATE TRIGGER torture_claim AFTER UPDATE OF lease_fence ON django_jobruns_jobrun
+       FOR EACH ROW EXECUTE FUNCTION torture_claim()""",
+    # Every pass commit sets the cursor (even to the value it had), and nothing else does.
+    """CREATE FUNCTION torture_commit() RETURNS trigger AS $$ BEGIN
+         INSERT INTO torture_events (kind, run_id, fence, holder, cursor_old, cursor_new, status, counters, backend)
+         VALUES ('commit', NEW.id, NEW.lease_fence, OLD.lease_holder, OLD.cursor, NEW.cursor, NEW.status,
+                 NEW.counters, pg_backend_pid());
+         RETURN NEW;
+       END $$ LANGUAGE plpgsql""",
+    """CREATE TRIGGER torture_commit AFTER UPDATE OF cursor ON django_jobruns_jobrun
+       FOR EACH ROW EXECUTE FUNCTION torture_commit()""",
 ]
 
 
@@ -246,7 +251,8 @@ class Harness:
 
         with connection.cursor() as cur:
             cur.execute(
-                "SELECT id, kind, run_id, step, fence, cursor_old, cursor_new, pid FROM torture_events ORDER BY id"
+                "SELECT id, kind, run_id, step, fence, cursor_old, cursor_new, pid, backend FROM torture_events "
+                "ORDER BY id"
             )
             events = cur.fetchall()
         effects: dict[tuple[str, str], list[int]] = defaultdict(list)
@@ -254,14 +260,23 @@ class Harness:
         latest_claim: dict[str, int] = {}
         last_cursor: dict[str, int] = {}
         overlapping = regressions = 0
+        # Who committed: on SQLite the worker's commit hook says so inside the
+        # commit's transaction; on PostgreSQL the commit trigger records the
+        # server process, which each pass's start recorded too.
         pass_started: dict[tuple[str, int], int] = {}
         committed: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
-        for event_id, kind, run_id, step, fence, _cursor_old, cursor_new, pid in events:
+        postgres = self.args.db == "postgres"
+        for event_id, kind, run_id, step, fence, _cursor_old, cursor_new, pid, backend in events:
+            writer = backend if postgres else pid
             if kind == "pass":
-                pass_started[(run_id, pid)] = event_id
-            elif kind == "committed_by":
-                committed[run_id].append((pass_started[(run_id, pid)], event_id, pid))
-            elif kind == "effect":
+                pass_started[(run_id, writer)] = event_id
+            elif kind == "committed_by" or (kind == "commit" and postgres):
+                start = pass_started.get((run_id, writer))
+                if start is None:
+                    overlapping += 1  # a commit no pass of that writer started
+                else:
+                    committed[run_id].append((start, event_id, writer))
+            if kind == "effect":
                 effects[(run_id, step)].append(event_id)
             elif kind == "memo":
                 memos.setdefault((run_id, step), event_id)

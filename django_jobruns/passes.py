@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from django.db import transaction
+from django.db import DatabaseError, connection, transaction
 
 from . import sql
 from .exceptions import (
@@ -216,7 +216,15 @@ class Pass:
     def _record_step(self, name: str, result: str | None, attempts: int, error: str | None) -> None:
         claim = self._claim
         now = claim.now()
+        exists = name in self._ledger
         try:
+            if sql.one_statement_writes():
+                if not sql.record_step_fenced(claim.run_id, claim.fence, claim.expiry(now), name, result, attempts,
+                                              error, now, exists=exists):
+                    raise LeaseLost(f"run {claim.run_id}: the lease was taken over while step {name!r} ran")
+                claim.expires_at = claim.expiry(now)
+                self._ledger[name] = _LedgerRow(result, attempts, error)
+                return
             with transaction.atomic():
                 # The step row is written only if this claim is still the latest:
                 # the fence check and the heartbeat are one statement. While more
@@ -232,7 +240,7 @@ class Pass:
                         claim.expires_at = claim.expiry(now)
                 if not held:
                     raise LeaseLost(f"run {claim.run_id}: the lease was taken over while step {name!r} ran")
-                sql.record_step(claim.run_id, name, result, attempts, error, now, exists=name in self._ledger)
+                sql.record_step(claim.run_id, name, result, attempts, error, now, exists=exists)
         except LeaseLost:
             self._lost = True
             raise
@@ -308,6 +316,10 @@ def run_pass(run: JobRun, job: Job, claim: Claim, *, release: bool, ledger: dict
     except Exception as exc:
         if p is not None and p._lost:
             return PassOutcome("lost")
+        if isinstance(exc, DatabaseError) and not connection.in_atomic_block and not connection.is_usable():
+            # The server dropped the connection under the pass: record the
+            # failure on a new one rather than losing it with the old.
+            connection.close()
         return _fail(run, job, claim, p, exc)
 
     warning = None
@@ -335,11 +347,15 @@ def run_pass(run: JobRun, job: Job, claim: Claim, *, release: bool, ledger: dict
         fields.update(lease_holder=None, lease_expires_at=None)
     else:
         fields["lease_expires_at"] = claim.expires_at = claim.expiry(now)
-    with transaction.atomic():
-        if not claim.write(**fields):
+    if sql.one_statement_writes():
+        if not sql.commit_fenced(run.id, claim.fence, fields, drop_ledger=bool(ledger)):
             return PassOutcome("lost")
-        if ledger:
-            sql.drop_ledger(run.id)
+    else:
+        with transaction.atomic():
+            if not claim.write(**fields):
+                return PassOutcome("lost")
+            if ledger:
+                sql.drop_ledger(run.id)
     return PassOutcome("completed" if done else "advanced", warning=warning)
 
 

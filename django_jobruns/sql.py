@@ -78,6 +78,29 @@ class _Statements:
         self.assign: dict[str, str] = {}
         self.quote = q
         self.drop_ledger = f"DELETE FROM {step} WHERE {q('run_id')} = %s"
+        # PostgreSQL: the fence check and the write in ONE statement, through a
+        # data-modifying CTE, so a step or a commit is one round trip and one
+        # commit, not BEGIN, two statements and COMMIT.
+        self.ctes = wrapper.vendor == "postgresql"
+        fenced = (
+            f"WITH fenced AS (UPDATE {run} SET {q('lease_expires_at')} = %s "
+            f"WHERE {q('id')} = %s AND {q('lease_fence')} = %s RETURNING {q('id')}) "
+        )
+        self.insert_step_fenced = (
+            f"{fenced}INSERT INTO {step} ({q('run_id')}, {q('step')}, {q('result')}, {q('attempts')}, "
+            f"{q('last_error')}, {q('recorded_at')}) SELECT {q('id')}, %s, %s, %s, %s, %s FROM fenced RETURNING 1"
+        )
+        self.update_step_fenced = (
+            f"{fenced}UPDATE {step} SET {q('result')} = %s, {q('attempts')} = %s, {q('last_error')} = %s, "
+            f"{q('recorded_at')} = %s FROM fenced WHERE {step}.{q('run_id')} = fenced.{q('id')} "
+            f"AND {step}.{q('step')} = %s RETURNING 1"
+        )
+        self.commit_where = f" WHERE {q('id')} = %s AND {q('lease_fence')} = %s RETURNING {q('id')}"
+        self.commit_drop = (
+            f"), dropped AS (DELETE FROM {step} WHERE {q('run_id')} IN (SELECT {q('id')} FROM fenced)) "
+            "SELECT COUNT(*) FROM fenced"
+        )
+        self.commit_keep = ") SELECT COUNT(*) FROM fenced"
 
     def assignments(self, columns: Any) -> str:
         key = tuple(columns)
@@ -176,6 +199,42 @@ def heartbeat(run_id: str, fence: int, expires: datetime) -> bool:
     with wrapper.cursor() as cur:
         cur.execute(st.heartbeat, [wrapper.ops.adapt_datetimefield_value(expires), run_id, fence])
         return bool(cur.rowcount == 1)
+
+
+def one_statement_writes() -> bool:
+    """Whether fenced writes are single statements here (PostgreSQL's data-modifying CTEs)."""
+    return _db()[1].ctes
+
+
+def record_step_fenced(
+    run_id: str, fence: int, expires: datetime, step: str, result: str | None, attempts: int,
+    error: str | None, at: datetime, *, exists: bool,
+) -> bool:
+    """Heartbeat, fence check and step record in one statement; return whether the fence held."""
+    wrapper, st = _db()
+    adapt = wrapper.ops.adapt_datetimefield_value
+    head = [adapt(expires), run_id, fence]
+    with wrapper.cursor() as cur:
+        if exists:
+            cur.execute(st.update_step_fenced, [*head, result, attempts, error, adapt(at), step])
+        else:
+            cur.execute(st.insert_step_fenced, [*head, step, result, attempts, error, adapt(at)])
+        return cur.fetchone() is not None
+
+
+def commit_fenced(run_id: str, fence: int, fields: dict[str, Any], *, drop_ledger: bool) -> bool:
+    """Write the run and drop its ledger in one statement, if ``fence`` still holds."""
+    wrapper, st = _db()
+    adapt = wrapper.ops.adapt_datetimefield_value
+    params = [adapt(v) if isinstance(v, datetime) else v for v in fields.values()]
+    text = (
+        f"WITH fenced AS ({st.update_fenced_prefix}{st.assignments(fields)}{st.commit_where}"
+        f"{st.commit_drop if drop_ledger else st.commit_keep}"
+    )
+    with wrapper.cursor() as cur:
+        cur.execute(text, [*params, run_id, fence])
+        (count,) = cur.fetchone()
+        return bool(count == 1)
 
 
 def fence_holds(run_id: str, fence: int) -> bool:

@@ -97,15 +97,15 @@ def test_d5_failed_release_is_reported_and_does_not_hide_the_pass_error(behaviou
     def break_writes_after_the_step(execute, sql, params, many, context):
         # The database goes away as the pass commits: the commit fails, and so
         # does every statement after it, the release included.
-        if sql.startswith("DELETE") or (broken and sql.split()[0] in ("UPDATE", "INSERT", "SELECT")):
+        if "DELETE FROM" in sql or (broken and sql.split()[0] in ("UPDATE", "INSERT", "SELECT")):
             broken.append(sql)
-            raise RuntimeError(f"injected: {sql.split()[0]}")
+            raise RuntimeError("injected: the commit" if len(broken) == 1 else "injected: later")
         return execute(sql, params, many, context)
 
     with connection.execute_wrapper(break_writes_after_the_step):
         report = run_due_jobs(now=clock)
     assert report.unreleased == 1
-    assert report.unrecorded == [(run.id, "RuntimeError: injected: DELETE")] and report.errors == []
+    assert report.unrecorded == [(run.id, "RuntimeError: injected: the commit")] and report.errors == []
     assert broken[-1].startswith("UPDATE") and "lease_holder" in broken[-1], "the release was attempted"
 
 

@@ -58,7 +58,7 @@ def test_p1_commit_is_one_transaction_with_dropping_the_ledger(behaviour, clock)
     run = start(behaviour, "p1-atomic", handler)
 
     def fail_ledger_delete(execute, sql, params, many, context):
-        if sql.startswith("DELETE") and "jobstep" in sql:
+        if "DELETE FROM" in sql and "jobstep" in sql:
             raise RuntimeError("injected failure dropping the ledger")
         return execute(sql, params, many, context)
 

@@ -16,10 +16,12 @@ from .kills import CURRENT, maybe_die
 
 def _event(kind: str, run_id: str, step: str | None = None) -> None:
     # Autocommit, outside the app's transactions: durable the moment it
-    # happens, whatever becomes of the step's memo or the pass.
+    # happens, whatever becomes of the step's memo or the pass. On PostgreSQL
+    # the server process is recorded too: the commit trigger names it.
+    backend = "pg_backend_pid()" if connection.vendor == "postgresql" else "NULL"
     with connection.cursor() as cur:
         cur.execute(
-            "INSERT INTO torture_events (kind, run_id, step, pid) VALUES (%s, %s, %s, %s)",
+            f"INSERT INTO torture_events (kind, run_id, step, pid, backend) VALUES (%s, %s, %s, %s, {backend})",
             [kind, run_id, step, os.getpid()],
         )
 

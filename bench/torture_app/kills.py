@@ -35,9 +35,19 @@ def maybe_die(point: str) -> None:
 
 
 def _commit_hook(execute: Any, sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
-    result = execute(sql, params, many, context)
     connection = context["connection"]
-    # The pass's commit: the run's UPDATE has run, its transaction has not committed.
+    if sql.startswith('WITH fenced AS (UPDATE "django_jobruns_jobrun" SET "cursor"'):
+        # PostgreSQL commits a pass in one statement: die just before it is
+        # sent, or just after it returned (committed, not yet released).
+        if random.random() < 0.5:
+            maybe_die("commit")
+            return execute(sql, params, many, context)
+        result = execute(sql, params, many, context)
+        maybe_die("commit")
+        return result
+    result = execute(sql, params, many, context)
+    # SQLite: the run's UPDATE has run inside the commit's transaction, which
+    # has not committed yet.
     if sql.startswith('UPDATE "django_jobruns_jobrun"') and '"cursor"' in sql and connection.in_atomic_block:
         if context["cursor"].rowcount == 1:
             # The pass log: which process committed, written in the commit's own
