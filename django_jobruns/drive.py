@@ -26,7 +26,7 @@ from django.utils import timezone
 from . import conf, sql
 from .exceptions import InvalidDriveOptions
 from .models import JobRun, Status
-from .passes import Claim, PassOutcome, _summary, run_pass
+from .passes import Claim, PassOutcome, _summary, load_ledger, run_pass
 from .registry import Job, get_job, lookup, registered_jobs
 
 logger = logging.getLogger("django_jobruns")
@@ -302,7 +302,7 @@ class _Drive:
                 self.report.add("stale")
                 return True
             run = row.run
-            ledger = None
+            ledger = load_ledger(run_id, row.ledger) if row.ledger is not None else None
             for number in range(1, self.max_passes + 1):
                 last = number == self.max_passes or self.stopping()
                 outcome = run_pass(run, job, claim, release=last, ledger=ledger)

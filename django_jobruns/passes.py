@@ -100,9 +100,10 @@ class _StepFailure:
     exc: BaseException
 
 
-def load_ledger(run_id: str) -> dict[str, _LedgerRow]:
-    """Read the step ledger of the pass in flight, in one query."""
-    return {step: _LedgerRow(result, attempts, error) for step, result, attempts, error in sql.ledger(run_id)}
+def load_ledger(run_id: str, rows: sql.Ledger | None = None) -> dict[str, _LedgerRow]:
+    """The step ledger of the pass in flight: ``rows`` if the claim read them, else read in one query."""
+    entries = sql.ledger(run_id) if rows is None else rows
+    return {step: _LedgerRow(result, attempts, error) for step, result, attempts, error in entries}
 
 
 def _decode(text: str | None, what: str) -> Any:

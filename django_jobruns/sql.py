@@ -28,12 +28,20 @@ RUN_COLUMNS = (
 )
 
 
+Ledger = list[tuple[str, "str | None", int, "str | None"]]
+
+
 @dataclass(frozen=True)
 class ClaimedRow:
-    """The run as the claim left it, and whether it is still due (re-read under the claim)."""
+    """The run as the claim left it, and whether it is still due (re-read under the claim).
+
+    ``ledger`` is the run's step ledger when the claim could read it in the same
+    statement (PostgreSQL), else ``None``: read it separately.
+    """
 
     run: JobRun
     due: bool
+    ledger: Ledger | None = None
 
 
 _RUN = JobRun._meta.db_table
@@ -56,6 +64,13 @@ class _Statements:
             f"AND ({q('lease_expires_at')} IS NULL OR {q('lease_expires_at')} <= %s)"
         )
         self.claim_returning = f"{self.claim} RETURNING {self.columns}"
+        # PostgreSQL returns the step ledger with the claim, as one JSON array:
+        # the claim, the re-read and the ledger read in one round trip.
+        self.claim_with_ledger = (
+            f"WITH claimed AS ({self.claim} RETURNING {self.columns}) SELECT claimed.*, "
+            f"(SELECT json_agg(json_build_array({q('step')}, {q('result')}, {q('attempts')}, {q('last_error')})) "
+            f"FROM {step} WHERE {step}.{q('run_id')} = claimed.{q('id')}) FROM claimed"
+        )
         self.read_run = f"SELECT {self.columns} FROM {run} WHERE {q('id')} = %s"
         self.ledger = (
             f"SELECT {q('step')}, {q('result')}, {q('attempts')}, {q('last_error')} FROM {step} "
@@ -144,13 +159,13 @@ def _datetime(value: Any, wrapper: Any) -> datetime | None:
     return timezone.make_aware(parsed, wrapper.timezone) if timezone.is_naive(parsed) else parsed
 
 
-def _run_from(row: tuple[Any, ...], now: datetime, wrapper: Any) -> ClaimedRow:
+def _run_from(row: tuple[Any, ...], now: datetime, wrapper: Any, ledger: Ledger | None = None) -> ClaimedRow:
     # Due-ness is judged here, not in SQL: SQLite 3.40's RETURNING evaluates
     # "column IS NULL" wrongly, and the clock is the worker's either way.
     values = dict(zip(RUN_COLUMNS, row))
     values["next_attempt_at"] = _datetime(values["next_attempt_at"], wrapper)
     run = JobRun(**values)
-    return ClaimedRow(run, run.next_attempt_at is None or run.next_attempt_at <= now)
+    return ClaimedRow(run, run.next_attempt_at is None or run.next_attempt_at <= now, ledger)
 
 
 def claim(run_id: str, fence: int, holder: str, now: datetime, expires: datetime) -> ClaimedRow | None:
@@ -166,6 +181,14 @@ def claim(run_id: str, fence: int, holder: str, now: datetime, expires: datetime
     at = wrapper.ops.adapt_datetimefield_value
     params = [holder, at(expires), fence + 1, run_id, fence, at(now)]
     with wrapper.cursor() as cur:
+        if st.ctes:
+            cur.execute(st.claim_with_ledger, params)
+            row = cur.fetchone()
+            if row is None:
+                return None
+            steps = row[len(RUN_COLUMNS)]
+            ledger = [tuple(entry) for entry in steps] if steps else []
+            return _run_from(row[: len(RUN_COLUMNS)], now, wrapper, ledger)  # type: ignore[arg-type]
         if st.returning:
             cur.execute(st.claim_returning, params)
             row = cur.fetchone()
@@ -185,7 +208,7 @@ def read_run(run_id: str, now: datetime) -> ClaimedRow | None:
     return _run_from(row, now, wrapper) if row is not None else None
 
 
-def ledger(run_id: str) -> list[tuple[str, str | None, int, str | None]]:
+def ledger(run_id: str) -> Ledger:
     """The step ledger of the pass in flight."""
     wrapper, st = _db()
     with wrapper.cursor() as cur:
