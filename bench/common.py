@@ -19,7 +19,7 @@ def fresh_database(db: str, name: str, folder: Path | None = None) -> str:
     """Return the URL of a new, empty database called ``name``."""
     if db == "sqlite":
         folder = folder or Path(tempfile.mkdtemp(prefix="jobruns-bench-"))
-        path = folder / f"{name}.sqlite3"
+        path = Path(name + ".sqlite3") if name.startswith("/") else folder / f"{name}.sqlite3"
         for suffix in ("", "-wal", "-shm", "-journal"):
             Path(f"{path}{suffix}").unlink(missing_ok=True)
         return f"sqlite:///{path}"
