@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import random
 import secrets
 import socket
 import threading
@@ -25,7 +26,7 @@ from django.utils import timezone
 
 from . import conf, sql
 from .exceptions import InvalidDriveOptions
-from .models import JobRun, Status
+from .models import Status
 from .passes import Claim, PassOutcome, _summary, load_ledger, run_pass
 from .registry import Job, get_job, lookup, registered_jobs
 
@@ -204,8 +205,15 @@ def run_due_jobs(
         return report
     if not selected:
         return report
-    rows = _due_rows(selected, started, limit, int(conf.get("SCAN_MAX")))
-    drive = _Drive(report, holder, ttl, clock, max_passes, stop)
+    scan_max = int(conf.get("SCAN_MAX"))
+    # Twice the limit is read, so a claim another worker wins is made up from
+    # the spares; each worker starts at its own random point of the window, so
+    # workers started together do not all race for the oldest run.
+    rows = _due_rows(selected, started, min(2 * limit, scan_max), scan_max)
+    if rows:
+        start = random.randrange(len(rows))
+        rows = rows[start:] + rows[:start]
+    drive = _Drive(report, holder, ttl, clock, max_passes, stop, limit)
     if concurrency == 1 or len(rows) <= 1:
         for row in rows:
             if not drive.handle(*row):
@@ -220,7 +228,7 @@ def run_due_jobs(
 
 
 def _due_rows(selected: list[Job], now: datetime, limit: int, scan_max: int) -> list[tuple[str, int, str, str]]:
-    """Read due runs of the selected jobs, oldest first, until ``limit`` are found.
+    """Read the oldest due runs of the selected jobs, until ``limit`` are found.
 
     ``limit`` counts runnable runs, not rows read: runs of jobs this process
     does not drive (another deployment's, or a registration since removed) are
@@ -236,10 +244,7 @@ def _due_rows(selected: list[Job], now: datetime, limit: int, scan_max: int) -> 
         # Pages of at least 50 rows, so that a small limit behind many orphans
         # costs a few reads rather than one per orphan.
         page = min(max(limit, 50), scan_max - scanned)
-        due = JobRun.objects.due(now)
-        if after:
-            due = due.filter(id__gt=after)
-        batch = list(due.order_by("id").values_list("id", "lease_fence", "module", "job")[:page])
+        batch = sql.due(now, after, page)
         scanned += len(batch)
         found.extend(row for row in batch if (row[2], row[3]) in wanted)
         if len(batch) < page:
@@ -251,8 +256,10 @@ def _due_rows(selected: list[Job], now: datetime, limit: int, scan_max: int) -> 
 class _Drive:
     def __init__(
         self, report: DriveReport, holder: str, ttl: timedelta, clock: Callable[[], datetime],
-        max_passes: int, stop: StopSignal | None,
+        max_passes: int, stop: StopSignal | None, limit: int,
     ) -> None:
+        self.slots = limit
+        self.slots_lock = threading.Lock()
         self.report = report
         self.holder = holder
         self.ttl = ttl
@@ -287,9 +294,15 @@ class _Drive:
         job = lookup(module, job_name)
         if job is None:  # unregistered since the due read: step over it
             return True
+        with self.slots_lock:
+            if self.slots == 0:
+                return False  # ``limit`` runs taken
+            self.slots -= 1
         taken = self.claim(run_id, fence)
         if taken is None:
             self.report.add("skipped")
+            with self.slots_lock:
+                self.slots += 1
             return True
         claim, row = taken
         self.report.add("attempted")

@@ -72,6 +72,16 @@ class _Statements:
             f"FROM {step} WHERE {step}.{q('run_id')} = claimed.{q('id')}) FROM claimed"
         )
         self.read_run = f"SELECT {self.columns} FROM {run} WHERE {q('id')} = %s"
+        # The due read (JobRunQuerySet.due, ordered by id): a range of the
+        # jobruns_due index over the runs in flight.
+        due = (
+            f"SELECT {q('id')}, {q('lease_fence')}, {q('module')}, {q('job')} FROM {run} "
+            f"WHERE {q('status')} = 'running' "
+            f"AND ({q('next_attempt_at')} IS NULL OR {q('next_attempt_at')} <= %s) "
+            f"AND ({q('lease_expires_at')} IS NULL OR {q('lease_expires_at')} <= %s)"
+        )
+        self.due_first = f"{due} ORDER BY {q('id')} LIMIT %s"
+        self.due_after = f"{due} AND {q('id')} > %s ORDER BY {q('id')} LIMIT %s"
         self.ledger = (
             f"SELECT {q('step')}, {q('result')}, {q('attempts')}, {q('last_error')} FROM {step} "
             f"WHERE {q('run_id')} = %s"
@@ -206,6 +216,18 @@ def read_run(run_id: str, now: datetime) -> ClaimedRow | None:
         cur.execute(st.read_run, [run_id])
         row = cur.fetchone()
     return _run_from(row, now, wrapper) if row is not None else None
+
+
+def due(now: datetime, after: str, limit: int) -> list[tuple[str, int, str, str]]:
+    """Up to ``limit`` due runs with ids above ``after`` (all, if empty), oldest first."""
+    wrapper, st = _db()
+    at = wrapper.ops.adapt_datetimefield_value(now)
+    with wrapper.cursor() as cur:
+        if after:
+            cur.execute(st.due_after, [at, at, after, limit])
+        else:
+            cur.execute(st.due_first, [at, at, limit])
+        return list(cur.fetchall())
 
 
 def ledger(run_id: str) -> Ledger:

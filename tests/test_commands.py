@@ -121,9 +121,9 @@ def test_command_on_signal_finishes_the_pass_in_flight_releases_and_exits_zero(t
     assert worker.returncode == 0, err
     report = json.loads(out)
     assert report["stopped"] is True and report["attempted"] == 1 and report["completed"] == 1
-    first, second = (JobRun.objects.get(pk=r.pk) for r in runs)
-    assert first.status == Status.DONE and first.lease_holder is None
-    assert second.status == Status.RUNNING and second.lease_fence == 0, "no new run was taken after the signal"
+    done, untouched = sorted((JobRun.objects.get(pk=r.pk) for r in runs), key=lambda r: r.status)
+    assert done.status == Status.DONE and done.lease_holder is None
+    assert untouched.status == Status.RUNNING and untouched.lease_fence == 0, "no new run was taken after the signal"
 
 
 @pytest.mark.slow
