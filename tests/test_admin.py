@@ -238,3 +238,25 @@ def test_a3_bulk_actions_need_the_permission():
     response = viewer.post(reverse(CHANGELIST), {"action": "resume_selected", "_selected_action": [failed.pk]})
     assert response.status_code in (200, 302, 403)
     assert JobRun.objects.count() == 1
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the estimate is PostgreSQL's")
+def test_a1_large_unfiltered_changelist_pages_by_estimate_not_count(admin_client, monkeypatch):
+    from django_jobruns.admin import EstimatedCountPaginator
+
+    monkeypatch.setattr(EstimatedCountPaginator, "ESTIMATE_ABOVE", 20)
+    now = timezone.now()
+    JobRun.objects.bulk_create([JobRun(module="tests", job="walk", instance=f"e{i}", status=Status.DONE, live=None,
+                                       started_at=now, updated_at=now, ended_at=now) for i in range(120)])
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE django_jobruns_jobrun")
+    with CaptureQueriesContext(connection) as ctx:
+        response = admin_client.get(reverse(CHANGELIST))
+    assert response.status_code == 200 and "120 job runs" in response.content.decode()
+    assert not any(q["sql"].upper().startswith("SELECT COUNT(") for q in ctx.captured_queries)
+    with connection.cursor() as cur:  # the estimate query counts nothing past the threshold
+        cur.execute("EXPLAIN ANALYZE " + next(q["sql"] for q in ctx.captured_queries if "reltuples" in q["sql"]))
+        assert "never executed" in "\n".join(row[0] for row in cur.fetchall())
+    with CaptureQueriesContext(connection) as ctx:
+        admin_client.get(reverse(CHANGELIST), {"q": "e1"})
+    assert any(q["sql"].upper().startswith("SELECT COUNT(") for q in ctx.captured_queries), "filtered: counted exactly"
