@@ -21,3 +21,8 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;" if _wal
         else "PRAGMA journal_mode=DELETE; PRAGMA synchronous=FULL;",
     }
+
+if DATABASES["default"]["ENGINE"].endswith("postgresql") and os.environ.get("BENCH_PG_SERVER_SIDE_BINDING", "1") == "1":
+    # Server-side parameters: psycopg prepares a statement it has run five
+    # times, so the hot path's statements are parsed and planned once.
+    DATABASES["default"].setdefault("OPTIONS", {})["server_side_binding"] = True
