@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import drop_database, fresh_database, median, run_phase, setup_django  # noqa: E402
+from bench.common import drop_database, fresh_database, interleave, median, run_phase, setup_django  # noqa: E402
 
 SMALL = 1_000
 
@@ -101,13 +101,10 @@ def main() -> int:
         run_phase("admin.py", "--phase", "fill", "--db", args.db, "--name", target, "--count", str(count))
         urls[count] = (f"sqlite:///{target}.sqlite3" if args.db == "sqlite"
                        else f"postgresql://postgres@127.0.0.1:5432/{name}")
-    samples: dict[int, list[float]] = {SMALL: [], args.large: []}
-    queries: dict[int, int] = {}
-    for _ in range(args.rounds):
-        for count, url in urls.items():
-            result = run_phase("admin.py", "--phase", "render", "--db", args.db, "--name", url)
-            samples[count].append(result["seconds"])
-            queries[count] = int(result["queries"])
+    results = interleave(args.rounds, urls, lambda count, url: run_phase(
+        "admin.py", "--phase", "render", "--db", args.db, "--name", url))
+    samples = {count: [r["seconds"] for r in rs] for count, rs in results.items()}
+    queries = {count: int(rs[-1]["queries"]) for count, rs in results.items()}
     if args.db == "postgres":
         drop_database(args.db, "bench_admin_small")
         drop_database(args.db, "bench_admin_large")

@@ -67,3 +67,15 @@ def run_phase(script: str, *args: str) -> dict[str, Any]:
 
 def median(values: list[float]) -> float:
     return statistics.median(values)
+
+
+def interleave(rounds: int, targets: dict[Any, Any], measure: Any) -> dict[Any, list[Any]]:
+    """Call ``measure(key, target)`` for every target, round after round; collect the results by key.
+
+    Interleaved so that a noisy moment on a shared machine falls on both sides.
+    """
+    samples: dict[Any, list[Any]] = {key: [] for key in targets}
+    for _ in range(rounds):
+        for key, target in targets.items():
+            samples[key].append(measure(key, target))
+    return samples

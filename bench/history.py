@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import drop_database, fresh_database, median, run_phase, setup_django  # noqa: E402
+from bench.common import drop_database, fresh_database, interleave, median, run_phase, setup_django  # noqa: E402
 
 DUE = 10
 
@@ -100,13 +100,10 @@ def main() -> int:
                            str(folder / name) if args.db == "sqlite" else name, "--history", str(retained))
         targets[retained] = str(folder / f"{name}.sqlite3") if args.db == "sqlite" else name
         print(f"{retained} finished runs retained: {filled['retained']} rows", flush=True)
-    samples: dict[int, list[float]] = {0: [], args.history: []}
-    plan = ""
-    for _ in range(args.rounds):
-        for retained, target in targets.items():
-            result = run_phase("history.py", "--phase", "drive", "--db", args.db, "--name", target)
-            samples[retained].append(float(result["seconds"]))  # type: ignore[arg-type]
-            plan = str(result["plan"]) if retained else plan
+    results = interleave(args.rounds, targets, lambda retained, target: run_phase(
+        "history.py", "--phase", "drive", "--db", args.db, "--name", target))
+    samples = {retained: [float(r["seconds"]) for r in rs] for retained, rs in results.items()}
+    plan = str(results[args.history][-1]["plan"])
     small, big = median(samples[0]), median(samples[args.history])
     if args.db == "postgres":
         for name in names.values():

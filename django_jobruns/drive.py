@@ -9,7 +9,6 @@ the lease is given back in ``finally``.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import random
 import secrets
@@ -29,6 +28,7 @@ from .exceptions import InvalidDriveOptions
 from .models import Status
 from .passes import Claim, PassOutcome, _summary, load_ledger, run_pass
 from .registry import Job, get_job, lookup, registered_jobs
+from .retry import as_timedelta
 
 logger = logging.getLogger("django_jobruns")
 
@@ -121,11 +121,8 @@ def _positive_int(value: Any, name: str) -> int:
 
 
 def _lease_ttl(value: Any) -> timedelta:
-    if isinstance(value, timedelta):
-        ttl = value
-    elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        ttl = timedelta(seconds=value)
-    else:
+    ttl = as_timedelta(value)
+    if ttl is None:
         raise InvalidDriveOptions(f"lease_ttl must be a timedelta or a number of seconds, got {value!r}")
     if ttl <= timedelta(0):
         raise InvalidDriveOptions(

@@ -10,12 +10,18 @@ from datetime import datetime, timedelta
 _rng = random.SystemRandom()
 
 
-def _as_timedelta(value: timedelta | float | int, name: str) -> timedelta:
+def as_timedelta(value: object) -> timedelta | None:
+    """A timedelta as given, or a finite number of seconds as one; ``None`` for anything else."""
     if isinstance(value, timedelta):
-        delta = value
-    elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        delta = timedelta(seconds=value)
-    else:
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return timedelta(seconds=value)
+    return None
+
+
+def _as_timedelta(value: timedelta | float | int, name: str) -> timedelta:
+    delta = as_timedelta(value)
+    if delta is None:
         raise TypeError(f"RetryPolicy.{name} must be a timedelta or a number of seconds, got {value!r}")
     if delta < timedelta(0):
         raise ValueError(f"RetryPolicy.{name} must not be negative, got {value!r}")
