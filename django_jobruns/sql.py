@@ -1,6 +1,7 @@
 """The hot path's statements, written out.
 
-A pass of k fresh steps issues 2k+5 statements. Built by the ORM, each costs
+A pass of k fresh steps issues 2k+5 statements (k+3 on PostgreSQL), the
+drive's due read included. Built by the ORM, each costs
 100-250 µs of Python before it reaches the database -- more, on a fast disk,
 than the commits the pass pays for. So the statements a pass repeats are
 written here once, with the tables' and columns' real names, and executed
