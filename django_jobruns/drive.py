@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from . import conf, sql
 from .exceptions import InvalidDriveOptions
-from .models import Status
+from .models import JobRun, Status
 from .passes import Claim, PassOutcome, _summary, load_ledger, run_pass
 from .registry import Job, get_job, lookup, registered_jobs
 from .retry import as_timedelta
@@ -351,3 +351,28 @@ class _Drive:
             # pass's own error, which is the one the operator needs to see.
             logger.exception("run %s: the lease could not be released; it lapses at its expiry", claim.run_id)
             self.report.add("unreleased")
+
+
+def drive_run(
+    run_id: str,
+    *,
+    max_passes: int = 1,
+    holder: str | None = None,
+    lease_ttl: timedelta | float = timedelta(minutes=5),
+    now: Callable[[], datetime] | None = None,
+) -> DriveReport:
+    """Claim and drive one given run, if it is due; the drive of ``run_due_jobs`` for a single run.
+
+    For tests and tools that must not touch the other runs in the table.
+    Raises ``LookupError`` for an unknown id.
+    """
+    max_passes = _positive_int(max_passes, "max_passes")
+    ttl = _lease_ttl(lease_ttl)
+    holder = _holder_name(holder)
+    clock = _clock(now)
+    row = JobRun.objects.filter(pk=run_id).values_list("lease_fence", "module", "job").first()
+    if row is None:
+        raise LookupError(f"no run has the id {run_id!r}")
+    report = DriveReport()
+    _Drive(report, holder, ttl, clock, max_passes, None, 1).handle(run_id, *row)
+    return report

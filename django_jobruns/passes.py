@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import logging
@@ -220,8 +221,10 @@ class Pass:
         exists = name in self._ledger
         try:
             if sql.one_statement_writes():
-                if not sql.record_step_fenced(claim.run_id, claim.fence, claim.expiry(now), name, result, attempts,
-                                              error, now, exists=exists):
+                with _savepoint_if_nested():
+                    held = sql.record_step_fenced(claim.run_id, claim.fence, claim.expiry(now), name, result,
+                                                  attempts, error, now, exists=exists)
+                if not held:
                     raise LeaseLost(f"run {claim.run_id}: the lease was taken over while step {name!r} ran")
                 claim.expires_at = claim.expiry(now)
                 self._ledger[name] = _LedgerRow(result, attempts, error)
@@ -249,6 +252,16 @@ class Pass:
 
     def _unused_memos(self) -> list[str]:
         return sorted(name for name, row in self._ledger.items() if row.result is not None and name not in self._used)
+
+
+def _savepoint_if_nested() -> Any:
+    """A savepoint around a one-statement write made inside the caller's transaction.
+
+    Outside any transaction the statement is its own and needs none. Inside one
+    (a test case, a caller's ``atomic``), a failed statement would otherwise
+    abort the caller's whole transaction on PostgreSQL.
+    """
+    return transaction.atomic() if connection.in_atomic_block else contextlib.nullcontext()
 
 
 def _default_retry() -> RetryPolicy:
@@ -349,7 +362,9 @@ def run_pass(run: JobRun, job: Job, claim: Claim, *, release: bool, ledger: dict
     else:
         fields["lease_expires_at"] = claim.expires_at = claim.expiry(now)
     if sql.one_statement_writes():
-        if not sql.commit_fenced(run.id, claim.fence, fields, drop_ledger=bool(ledger)):
+        with _savepoint_if_nested():
+            held = sql.commit_fenced(run.id, claim.fence, fields, drop_ledger=bool(ledger))
+        if not held:
             return PassOutcome("lost")
     else:
         with transaction.atomic():

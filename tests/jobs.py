@@ -88,3 +88,45 @@ def blocking(p: Any) -> Any:
     p.step("second", lambda: effect(payload["log"], p.run.id, "second") if "log" in payload else "second")
     p.count("passes")
     return {"cursor": "end", "done": True}
+
+
+# Jobs for assert_resumable's own tests: one right, and one wrong in each way it catches.
+STATE: dict[str, int] = {}
+
+
+@job(retry=FAST_RETRY)
+def resumable(p: Any) -> dict[str, Any]:
+    """Right: step names come from the cursor, all state flows through steps and counters."""
+    page = p.cursor or 0
+    items = p.step(f"fetch:{page}", lambda: [page * 10 + i for i in range(3)])
+    p.step(f"save:{page}", lambda: sum(items))
+    p.count("items", len(items))
+    return {"cursor": page + 1, "done": page + 1 >= 2}
+
+
+@job(retry=FAST_RETRY)
+def stamped_names(p: Any) -> dict[str, Any]:
+    """Wrong: a step name carries a value that changes between attempts."""
+    STATE["stamp"] = STATE.get("stamp", 0) + 1
+    p.step(f"fetch@{STATE['stamp']}", lambda: 1)
+    p.step("save", lambda: 2)
+    return {"done": True}
+
+
+@job(retry=FAST_RETRY)
+def probing(p: Any) -> dict[str, Any]:
+    """Wrong: a step is asked for only on the first attempt, so its memo goes unused."""
+    if not STATE.get(f"probed:{p.run.id}"):
+        STATE[f"probed:{p.run.id}"] = 1
+        p.step("probe", lambda: "ok")
+    p.step("work", lambda: 1)
+    return {"done": True}
+
+
+@job(retry=FAST_RETRY)
+def outside_state(p: Any) -> dict[str, Any]:
+    """Wrong: the cursor comes from state changed outside any step."""
+    STATE["calls"] = STATE.get("calls", 0) + 1
+    p.step("work", lambda: 1)
+    p.step("more", lambda: 2)
+    return {"cursor": STATE["calls"], "done": True}

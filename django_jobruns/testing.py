@@ -1,0 +1,192 @@
+"""Helpers for testing your own jobs.
+
+``drive_to_completion(run)`` drives one run until it is done or failed, skipping
+its backoff waits. ``assert_resumable(job)`` proves in one line that a job's
+resume is real: it runs the job once straight through, then again with a
+simulated crash after every step boundary of every pass, and fails -- saying
+exactly what went wrong -- if a completed step ran again, if a memo went unused
+(a step name that is not a pure function of the payload and prior results), or
+if the final cursor or counters differ from the straight run's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+from unittest import mock
+
+from django.utils import timezone
+
+from . import drive as drive_module
+from . import passes
+from .drive import drive_run
+from .models import JobRun, Status
+from .registry import Job, get_job
+from .starts import start_job_run
+
+__all__ = ["assert_resumable", "drive_to_completion"]
+
+
+def drive_to_completion(
+    run: JobRun | str, *, max_passes: int = 1000, now: Callable[[], datetime] | None = None
+) -> JobRun:
+    """Drive ``run`` pass after pass until it is done or failed; return it fresh from the database.
+
+    Backoff waits are skipped: the clock handed to the drive jumps to each retry
+    as it comes due. Raises ``AssertionError`` if the run is still running after
+    ``max_passes`` passes.
+    """
+    run_id = run.pk if isinstance(run, JobRun) else run
+    base = now or timezone.now
+    skew = timedelta(0)
+
+    def clock() -> datetime:
+        return base() + skew
+
+    for _ in range(max_passes):
+        current = JobRun.objects.get(pk=run_id)
+        if current.status != Status.RUNNING:
+            return current
+        waits = [t for t in (current.next_attempt_at, current.lease_expires_at) if t is not None]
+        ahead = max(waits, default=None)
+        if ahead is not None and ahead > clock():
+            skew += ahead - clock()
+        drive_run(run_id, now=clock)
+    current = JobRun.objects.get(pk=run_id)
+    if current.status == Status.RUNNING:
+        raise AssertionError(f"run {run_id} is still running after {max_passes} passes (cursor {current.cursor})")
+    return current
+
+
+class SimulatedCrash(BaseException):
+    """Raised after a step's memo committed, as if the process died there.
+
+    A BaseException, so neither the drive nor a handler's ``except Exception``
+    can swallow it: the pass is abandoned exactly as a killed worker's is.
+    """
+
+
+@dataclass
+class _RunState:
+    pass_number: int = 0
+    position: int = 0
+    completed: dict[tuple[int, int], str] = field(default_factory=dict)
+
+
+@dataclass
+class _Observer:
+    crash_after: int | None = None
+    fresh_steps: int = 0
+    runs: dict[str, _RunState] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    label: str = ""
+
+
+@contextmanager
+def _observe(observer: _Observer) -> Iterator[None]:
+    original_step = passes.Pass.step
+    original_run_pass = drive_module.run_pass
+
+    def step(self: passes.Pass, name: str, fn: Callable[[], Any], *, retry: Any = None) -> Any:
+        state = observer.runs.setdefault(self.run.id, _RunState())
+        position = state.position
+        state.position += 1
+        key = (state.pass_number, position)
+
+        def body() -> Any:
+            # Checked as the body starts, so a re-run is caught even if its
+            # record then fails.
+            before = state.completed.get(key)
+            where = f"{observer.label}: pass {state.pass_number + 1}, step #{position + 1}"
+            if before == name:
+                observer.problems.append(f"{where} {name!r} ran again after it had completed")
+            elif before is not None:
+                observer.problems.append(
+                    f"{where} was {before!r} before the crash and {name!r} after it, and ran again: step names "
+                    "must be a pure function of the payload and prior results"
+                )
+            ran.append(True)
+            return fn()
+
+        ran: list[bool] = []
+        result = original_step(self, name, body, retry=retry)
+        if ran:
+            state.completed[key] = name
+            observer.fresh_steps += 1
+            if observer.crash_after == observer.fresh_steps:
+                raise SimulatedCrash(f"simulated crash after step {name!r}")
+        return result
+
+    def run_pass(run: JobRun, *args: Any, **kwargs: Any) -> passes.PassOutcome:
+        state = observer.runs.setdefault(run.id, _RunState())
+        state.position = 0
+        outcome = original_run_pass(run, *args, **kwargs)
+        if outcome.warning:
+            observer.problems.append(f"{observer.label}: {outcome.warning}")
+        if outcome.status in ("advanced", "completed"):
+            state.pass_number += 1
+        return outcome
+
+    with mock.patch.object(passes.Pass, "step", step), mock.patch.object(drive_module, "run_pass", run_pass):
+        yield
+
+
+def _drive(run: JobRun, observer: _Observer, max_passes: int) -> JobRun:
+    for _ in range(max_passes):
+        try:
+            return drive_to_completion(run, max_passes=max_passes)
+        except SimulatedCrash:
+            continue  # the worker "died"; the next drive resumes the run
+    raise AssertionError(f"{observer.label}: run {run.pk} kept crashing")
+
+
+def assert_resumable(
+    job: Job | str,
+    *,
+    payload: Any = None,
+    instance: str = "assert-resumable",
+    max_passes: int = 1000,
+) -> None:
+    """Fail unless ``job`` resumes exactly where it stopped, after a crash at any step boundary.
+
+    Runs the job straight through once, then once more for every step the
+    straight run completed, crashing right after that step's memo committed and
+    resuming. Raises ``AssertionError`` listing every problem found:
+
+    - a completed step that ran again on resume;
+    - a memo left unused by a committed pass (rule P8: a step name that is not a
+      pure function of the payload and prior results);
+    - a final cursor or counters different from the straight run's, or a run
+      that did not finish as the straight run did.
+
+    Each run uses its own instance (``instance``, suffixed), so nothing joins a
+    live run of yours. Needs the database (a ``django_db`` test).
+    """
+    entry = get_job(job)
+    straight = _Observer(label="straight run")
+    with _observe(straight):
+        run, _ = start_job_run(entry, instance=f"{instance}:straight", payload=payload)
+        expected = _drive(run, straight, max_passes)
+    problems = list(straight.problems)
+    boundaries = straight.fresh_steps
+    for boundary in range(1, boundaries + 1):
+        observer = _Observer(crash_after=boundary, label=f"crash after step {boundary} of {boundaries}")
+        with _observe(observer):
+            run, _ = start_job_run(entry, instance=f"{instance}:crash-{boundary}", payload=payload)
+            final = _drive(run, observer, max_passes)
+        problems.extend(observer.problems)
+        for column in ("status", "cursor", "counters"):
+            want, got = getattr(expected, column), getattr(final, column)
+            if column != "status":
+                want, got = json.loads(want) if want else want, json.loads(got) if got else got
+            if want != got:
+                problems.append(f"{observer.label}: final {column} {got!r} differs from the straight run's {want!r}")
+    if problems:
+        raise AssertionError(
+            f"job {entry.label} is not resumable ({len(problems)} problem(s) over {boundaries} crash point(s)):\n- "
+            + "\n- ".join(problems)
+        )

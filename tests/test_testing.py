@@ -1,0 +1,83 @@
+"""django_jobruns.testing: helpers for users' own tests."""
+
+from __future__ import annotations
+
+import pytest
+
+from django_jobruns import start_job_run
+from django_jobruns.models import JobRun, Status
+from django_jobruns.testing import assert_resumable, drive_to_completion
+from tests import jobs
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def fresh_state():
+    jobs.STATE.clear()
+    yield
+    jobs.STATE.clear()
+
+
+def test_drive_to_completion_drives_one_run_through_its_retries(behaviour):
+    attempts = []
+
+    def handler(p):
+        attempts.append(p.cursor)
+        if len(attempts) == 2:
+            raise ConnectionError("flaky")  # backoff of 60 s is skipped, not waited
+        return {"cursor": (p.cursor or 0) + 1, "done": (p.cursor or 0) + 1 == 3}
+
+    behaviour["dtc"] = handler
+    behaviour["other"] = lambda p: {"done": True}
+    run, _ = start_job_run("tests.scripted", instance="dtc")
+    other, _ = start_job_run("tests.scripted", instance="other")
+    finished = drive_to_completion(run)
+    assert finished.status == Status.DONE and finished.cursor == "3" and attempts == [None, 1, 1, 2]
+    assert JobRun.objects.get(pk=other.pk).status == Status.RUNNING, "only the given run was driven"
+
+
+def test_drive_to_completion_says_when_a_run_does_not_finish(behaviour):
+    behaviour["forever"] = lambda p: {"cursor": (p.cursor or 0) + 1}
+    run, _ = start_job_run("tests.scripted", instance="forever")
+    with pytest.raises(AssertionError, match="still running after 5 passes"):
+        drive_to_completion(run, max_passes=5)
+
+
+def test_assert_resumable_passes_a_right_job():
+    assert_resumable(jobs.resumable)
+    # Straight run plus one crash run per step boundary: 2 passes x 2 steps.
+    assert JobRun.objects.filter(job="resumable", status=Status.DONE).count() == 1 + 4
+
+
+def test_assert_resumable_catches_step_names_that_change_between_attempts():
+    with pytest.raises(AssertionError) as caught:
+        assert_resumable("tests.stamped_names")
+    message = str(caught.value)
+    assert "tests.stamped_names is not resumable" in message
+    assert "crash after step 1 of 2: pass 1, step #1 was 'fetch@2' before the crash and 'fetch@3' after" in message
+    assert "completed steps it never asked for: fetch@2" in message
+
+
+def test_assert_resumable_catches_an_unused_memo():
+    with pytest.raises(AssertionError) as caught:
+        assert_resumable("tests.probing")
+    assert "crash after step 1 of 2: pass committed with completed steps it never asked for: probe" in str(caught.value)
+
+
+def test_assert_resumable_catches_a_final_state_that_differs():
+    with pytest.raises(AssertionError, match=r"final cursor \d+ differs from the straight run's 1"):
+        assert_resumable("tests.outside_state")
+
+
+def test_assert_resumable_catches_a_completed_step_that_runs_again(monkeypatch):
+    """If memos were ignored, the helper would say so: break the memo and watch it fail."""
+    from django_jobruns import passes
+
+    from django_jobruns import drive
+
+    # A drive that forgets the ledger it read: every resume starts the pass afresh.
+    monkeypatch.setattr(passes, "load_ledger", lambda run_id, rows=None: {})
+    monkeypatch.setattr(drive, "load_ledger", lambda run_id, rows=None: {})
+    with pytest.raises(AssertionError, match=r"pass 1, step #1 'fetch:0' ran again after it had completed"):
+        assert_resumable(jobs.resumable)
