@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError, connection, transaction
 
-from . import sql
+from . import signals, sql
 from .exceptions import (
     InvalidPassResult,
     LeaseLost,
@@ -372,6 +372,12 @@ def run_pass(run: JobRun, job: Job, claim: Claim, *, release: bool, ledger: dict
                 return PassOutcome("lost")
             if ledger:
                 sql.drop_ledger(run.id)
+    identity = {"run_id": run.id, "module": run.module, "job": run.job, "instance": run.instance}
+    decoded_cursor = json.loads(cursor) if cursor is not None else None
+    counters = dict(p._counters)
+    signals.send_after_commit(signals.pass_committed, **identity, cursor=decoded_cursor, counters=counters, done=done)
+    if done:
+        signals.send_after_commit(signals.run_completed, **identity, cursor=decoded_cursor, counters=counters)
     return PassOutcome("completed" if done else "advanced", warning=warning)
 
 
@@ -405,4 +411,11 @@ def _fail(run: JobRun, job: Job, claim: Claim, p: Pass | None, exc: Exception) -
         return PassOutcome("lost")
     logger.warning("run %s (%s.%s) pass failed%s: %s", run.id, run.module, run.job,
                    " and the run is failed" if exhausted else ", will retry", summary)
+    if exhausted:
+        try:
+            counters = decode_counters(run.counters)
+        except UndecodableRun:
+            counters = {}
+        signals.send_after_commit(signals.run_failed, run_id=run.id, module=run.module, job=run.job,
+                                  instance=run.instance, error=summary, counters=counters)
     return PassOutcome("failed" if exhausted else "retrying", error=summary)

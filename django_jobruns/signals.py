@@ -1,0 +1,50 @@
+"""Signals sent as runs progress, after the write they report has committed.
+
+Each is sent with ``sender=JobRun`` and keyword arguments ``run_id``, ``module``,
+``job`` and ``instance``, plus:
+
+- ``pass_committed``: ``cursor`` and ``counters`` (decoded) and ``done``;
+- ``run_completed``: ``cursor`` and ``counters``;
+- ``run_failed``: ``error`` (the last error's first line) and ``counters``.
+
+Receivers run in the worker, after the commit (inside a caller's transaction,
+on its commit). A receiver that raises is logged and does not disturb the drive.
+An alerting example::
+
+    from django.dispatch import receiver
+    from django_jobruns.signals import run_failed
+
+    @receiver(run_failed)
+    def page_someone(sender, run_id, module, job, instance, error, **kwargs):
+        alerts.send(f"{module}.{job} [{instance}] failed: {error} (run {run_id})")
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.db import connection, transaction
+from django.dispatch import Signal
+
+logger = logging.getLogger("django_jobruns")
+
+pass_committed = Signal()
+run_completed = Signal()
+run_failed = Signal()
+
+
+def send_after_commit(signal: Signal, **kwargs: Any) -> None:
+    """Send ``signal`` once the current transaction (if any) has committed."""
+    from .models import JobRun
+
+    def send() -> None:
+        for receiver, result in signal.send_robust(sender=JobRun, **kwargs):
+            if isinstance(result, Exception):
+                logger.error("run %s: a receiver of a django_jobruns signal failed: %r (%s)",
+                             kwargs.get("run_id"), result, receiver, exc_info=result)
+
+    if connection.in_atomic_block:
+        transaction.on_commit(send)
+    else:
+        send()
