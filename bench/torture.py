@@ -295,7 +295,7 @@ class Harness:
         # by different processes must never overlap.
         for passes in committed.values():
             passes.sort()
-            for (_, end, pid), (start, _, other) in zip(passes, passes[1:]):
+            for (_, end, pid), (start, _, other) in zip(passes, passes[1:], strict=False):
                 if start < end and pid != other:
                     overlapping += 1
         repeated = at_least_once = 0

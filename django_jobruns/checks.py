@@ -27,8 +27,8 @@ def sqlite_transaction_mode_warnings(databases: dict[str, Any]) -> list[checks.C
                     hint=(
                         "With more than one worker, a transaction that reads before it writes fails with "
                         "'database is locked' under SQLite's default DEFERRED mode. Set "
-                        "DATABASES[%r]['OPTIONS']['transaction_mode'] = 'IMMEDIATE'; WAL mode "
-                        "(init_command 'PRAGMA journal_mode=WAL') is recommended too." % alias
+                        f"DATABASES[{alias!r}]['OPTIONS']['transaction_mode'] = 'IMMEDIATE'; WAL mode "
+                        "(init_command 'PRAGMA journal_mode=WAL') is recommended too."
                     ),
                     id="jobruns.W001",
                 )

@@ -126,7 +126,8 @@ def _lease_ttl(value: Any) -> timedelta:
         raise InvalidDriveOptions(f"lease_ttl must be a timedelta or a number of seconds, got {value!r}")
     if ttl <= timedelta(0):
         raise InvalidDriveOptions(
-            f"lease_ttl must be positive, got {value!r}: a lease that is already expired is one every worker can take at once"
+            f"lease_ttl must be positive, got {value!r}: a lease that is already expired is one every "
+            "worker can take at once"
         )
     return ttl
 

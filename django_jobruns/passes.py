@@ -292,7 +292,8 @@ def interpret_result(result: Any, current_cursor: str | None) -> tuple[str | Non
         return current_cursor, False
     if not isinstance(result, Mapping):
         raise InvalidPassResult(
-            f"a handler returns None or a mapping with 'cursor' and/or 'done', got {type(result).__name__}: {result!r:.200}"
+            "a handler returns None or a mapping with 'cursor' and/or 'done', "
+            f"got {type(result).__name__}: {result!r:.200}"
         )
     unknown = [key for key in result if key not in _RESULT_KEYS]
     if unknown:
@@ -310,7 +311,9 @@ def interpret_result(result: Any, current_cursor: str | None) -> tuple[str | Non
     return cursor, done
 
 
-def run_pass(run: JobRun, job: Job, claim: Claim, *, release: bool, ledger: dict[str, _LedgerRow] | None = None) -> PassOutcome:
+def run_pass(
+    run: JobRun, job: Job, claim: Claim, *, release: bool, ledger: dict[str, _LedgerRow] | None = None
+) -> PassOutcome:
     """Run one pass of ``run`` under ``claim`` and write what happened.
 
     ``release`` says whether the pass's final write also gives the lease back

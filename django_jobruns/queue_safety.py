@@ -34,7 +34,8 @@ def _describe(value: Any) -> str:
     kind = type(value)
     if isinstance(value, (dict, list, str, int, float)):
         base = next(t for t in (dict, list, str, int, float) if isinstance(value, t))
-        return f"an instance of {kind.__module__}.{kind.__qualname__}, a subclass of {base.__name__} JSON would not keep"
+        name = f"{kind.__module__}.{kind.__qualname__}"
+        return f"an instance of {name}, a subclass of {base.__name__} JSON would not keep"
     return f"an instance of {kind.__module__}.{kind.__qualname__}"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 from .exceptions import AlreadyRegistered, UnknownJob
 from .retry import RetryPolicy
@@ -13,7 +13,7 @@ from .retry import RetryPolicy
 if TYPE_CHECKING:
     from .passes import Pass
 
-Handler = Callable[["Pass"], Union[Mapping[str, Any], None]]
+Handler = Callable[["Pass"], Mapping[str, Any] | None]
 
 _lock = threading.Lock()
 _jobs: dict[tuple[str, str], Job] = {}

@@ -173,7 +173,7 @@ def _datetime(value: Any, wrapper: Any) -> datetime | None:
 def _run_from(row: tuple[Any, ...], now: datetime, wrapper: Any, ledger: Ledger | None = None) -> ClaimedRow:
     # Due-ness is judged here, not in SQL: SQLite 3.40's RETURNING evaluates
     # "column IS NULL" wrongly, and the clock is the worker's either way.
-    values = dict(zip(RUN_COLUMNS, row))
+    values = dict(zip(RUN_COLUMNS, row, strict=False))
     values["next_attempt_at"] = _datetime(values["next_attempt_at"], wrapper)
     run = JobRun(**values)
     return ClaimedRow(run, run.next_attempt_at is None or run.next_attempt_at <= now, ledger)

@@ -42,7 +42,8 @@ def _start_or_join(build: Callable[[], JobRun]) -> tuple[JobRun, bool]:
             if live is not None:
                 return live, False
             # The live run finished between the insert and the read: try again.
-    raise JobRunsError(f"could not start {candidate.module}.{candidate.job}[{candidate.instance}]: the key kept changing")
+    key = f"{candidate.module}.{candidate.job}[{candidate.instance}]"
+    raise JobRunsError(f"could not start {key}: the key kept changing")
 
 
 def start_job_run(job: Job | str, *, instance: str = "default", payload: Any = None) -> tuple[JobRun, bool]:

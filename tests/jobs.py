@@ -57,8 +57,9 @@ def blocking(p: Any) -> Any:
     In-process: on the ``GATES`` events of the run's instance. Across processes:
     it opens the FIFO ``payload["fifo"]`` for writing (which blocks until the test
     opens it to read, so the test knows the worker is inside the step), then
-    waits until the test opens the FIFO ``payload["release"]`` (or forever) -- unless ``payload["marker"]`` exists, left by an earlier
-    attempt, in which case it returns at once.
+    waits until the test opens the FIFO ``payload["release"]`` (or forever) --
+    unless ``payload["marker"]`` exists, left by an earlier attempt, in which
+    case it returns at once.
     """
     payload = p.payload or {}
 

@@ -143,7 +143,8 @@ def test_a2_runs_cannot_be_changed_added_or_deleted(admin_client):
     run = failed_run("ro")
     assert admin_client.post(change_url(run), {"status": "running"}).status_code == 403
     assert admin_client.get(reverse("admin:django_jobruns_jobrun_add")).status_code == 403
-    assert admin_client.post(reverse("admin:django_jobruns_jobrun_delete", args=[run.pk]), {"post": "yes"}).status_code == 403
+    delete = reverse("admin:django_jobruns_jobrun_delete", args=[run.pk])
+    assert admin_client.post(delete, {"post": "yes"}).status_code == 403
     run.refresh_from_db()
     assert run.status == Status.FAILED
 
@@ -151,7 +152,8 @@ def test_a2_runs_cannot_be_changed_added_or_deleted(admin_client):
 def test_a3_buttons_only_on_failed_runs(admin_client):
     assert 'id="jobruns-restart"' in admin_client.get(change_url(failed_run("btn"))).content.decode()
     assert 'id="jobruns-restart"' not in admin_client.get(change_url(make_run("live"))).content.decode()
-    assert 'id="jobruns-resume"' not in admin_client.get(change_url(make_run("ok", status=Status.DONE))).content.decode()
+    done = make_run("ok", status=Status.DONE)
+    assert 'id="jobruns-resume"' not in admin_client.get(change_url(done)).content.decode()
 
 
 def test_a3_restart_creates_a_new_run_logs_it_and_lands_on_it(admin_client):

@@ -109,8 +109,10 @@ def test_command_on_signal_finishes_the_pass_in_flight_releases_and_exits_zero(t
     os.mkfifo(entered_fifo)
     os.mkfifo(release_fifo)
     payload = {"log": str(effects), "fifo": str(entered_fifo), "release": str(release_fifo)}
-    runs = [start_job_run("tests.blocking", instance=f"sig{i}", payload={**payload, "marker": str(tmp_path / f"m{i}")})[0]
-            for i in range(2)]
+    runs = [
+        start_job_run("tests.blocking", instance=f"sig{i}", payload={**payload, "marker": str(tmp_path / f"m{i}")})[0]
+        for i in range(2)
+    ]
     worker = manage("run_due_jobs", "--json", "--limit", "2")
     with open(entered_fifo) as entered:
         assert int(entered.readline()) == worker.pid

@@ -106,7 +106,7 @@ def test_q1_unsafe_cursor_is_refused_at_commit(behaviour):
 @pytest.mark.django_db
 def test_q2_step_result_comes_back_through_its_stored_form_first_time_and_on_replay(behaviour, clock):
     seen = []
-    when = dt.datetime(2026, 3, 1, 9, 30, tzinfo=dt.timezone.utc)
+    when = dt.datetime(2026, 3, 1, 9, 30, tzinfo=dt.UTC)
 
     def handler(p):
         got = p.step("fetch", lambda: {"pair": (1, 2), "at": when, "price": Decimal("9.99"), 3: "three"})

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -26,7 +26,7 @@ def test_jitter_shortens_by_at_most_its_fraction():
 
 def test_next_attempt_at_and_exhaustion():
     policy = RetryPolicy(max_attempts=3, base_delay=timedelta(seconds=5), jitter=0)
-    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    now = datetime(2026, 1, 1, tzinfo=UTC)
     assert policy.next_attempt_at(2, now) == now + timedelta(seconds=10)
     assert not policy.exhausted(2) and policy.exhausted(3)
 

@@ -72,9 +72,7 @@ def test_assert_resumable_catches_a_final_state_that_differs():
 
 def test_assert_resumable_catches_a_completed_step_that_runs_again(monkeypatch):
     """If memos were ignored, the helper would say so: break the memo and watch it fail."""
-    from django_jobruns import passes
-
-    from django_jobruns import drive
+    from django_jobruns import drive, passes
 
     # A drive that forgets the ledger it read: every resume starts the pass afresh.
     monkeypatch.setattr(passes, "load_ledger", lambda run_id, rows=None: {})

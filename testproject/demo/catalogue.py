@@ -37,7 +37,8 @@ def fetch_page(
                 failed = 0
         if failed:
             raise UpstreamUnavailable(
-                f"supplier {supplier}: connection reset while reading the page after {start} (outage {failed}/{down_for})"
+                f"supplier {supplier}: connection reset while reading the page after {start} "
+                f"(outage {failed}/{down_for})"
             )
     end = min(TOTAL, start + size)
     items = [
