@@ -34,3 +34,12 @@ def sqlite_transaction_mode_warnings(databases: dict[str, Any]) -> list[checks.C
                 )
             )
     return messages
+
+
+@checks.register(checks.Tags.compatibility)
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """jobruns.E001-E003: the JOBRUNS settings dict has only known keys, each of the right kind."""
+    from . import conf
+
+    found = conf.problems(getattr(settings, "JOBRUNS", None))
+    return [checks.Error(message, id=check_id) for check_id, message in found]

@@ -1,31 +1,73 @@
-"""Settings, read lazily from the ``JOBRUNS`` dict in the project's settings."""
+"""Settings, read lazily from the ``JOBRUNS`` dict in the project's settings.
+
+=====================  ===========================  ==========================================
+key                    default                      meaning
+=====================  ===========================  ==========================================
+``DEFAULT_RETRY``      ``RetryPolicy()``            policy of a job (and step) that names none
+``LEASE_TTL``          ``timedelta(minutes=5)``     ``run_due_jobs`` command's lease length
+``DRIVE_LIMIT``        ``50``                       ``run_due_jobs`` command's ``--limit``
+``SCAN_MAX``           ``500``                      rows one drive reads at most
+``PAYLOAD_MAX_BYTES``  ``1_048_576``                largest payload or cursor, as JSON
+=====================  ===========================  ==========================================
+
+Read on every use, never at import time, so ``override_settings`` works. System
+checks ``jobruns.E001``-``E003`` refuse unknown keys and values of the wrong kind.
+"""
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 
 DEFAULTS: dict[str, Any] = {
-    # Retry policy of a job that names none (a RetryPolicy).
     "DEFAULT_RETRY": None,
-    # How long a claim lasts; step writes extend it. Must outlast the longest step.
     "LEASE_TTL": timedelta(minutes=5),
-    # Runs one drive pass takes when the caller names no limit.
     "DRIVE_LIMIT": 50,
-    # Rows one drive pass reads at most, whatever the limit.
     "SCAN_MAX": 500,
+    "PAYLOAD_MAX_BYTES": 1_048_576,
 }
 
 
 def get(name: str) -> Any:
     """Return setting ``name`` from ``settings.JOBRUNS``, else its default."""
     configured = getattr(settings, "JOBRUNS", None) or {}
-    return configured.get(name, DEFAULTS[name])
+    value = configured.get(name)
+    return DEFAULTS[name] if value is None else value
 
 
 def default_retry() -> Any:
     from .retry import DEFAULT_RETRY
 
     return get("DEFAULT_RETRY") or DEFAULT_RETRY
+
+
+def problems(configured: Any) -> list[tuple[str, str]]:
+    """Check a ``JOBRUNS`` value; return ``(check id, message)`` pairs for what is wrong."""
+    from .retry import RetryPolicy
+
+    if configured is None:
+        return []
+    if not isinstance(configured, dict):
+        return [("jobruns.E001", f"JOBRUNS must be a dict, got {type(configured).__name__}")]
+    found = []
+    unknown = sorted(set(configured) - set(DEFAULTS))
+    if unknown:
+        found.append(("jobruns.E001", f"JOBRUNS has unknown key(s) {', '.join(map(repr, unknown))}; "
+                                      f"known: {', '.join(DEFAULTS)}"))
+    retry = configured.get("DEFAULT_RETRY")
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        found.append(("jobruns.E002", f"JOBRUNS['DEFAULT_RETRY'] must be a RetryPolicy, got {retry!r}"))
+    ttl = configured.get("LEASE_TTL")
+    if ttl is not None and not (
+        (isinstance(ttl, timedelta) and ttl > timedelta(0))
+        or (isinstance(ttl, (int, float)) and not isinstance(ttl, bool) and math.isfinite(ttl) and ttl > 0)
+    ):
+        found.append(("jobruns.E003", f"JOBRUNS['LEASE_TTL'] must be a positive timedelta or seconds, got {ttl!r}"))
+    for key in ("DRIVE_LIMIT", "SCAN_MAX", "PAYLOAD_MAX_BYTES"):
+        value = configured.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            found.append(("jobruns.E003", f"JOBRUNS[{key!r}] must be a whole number >= 1, got {value!r}"))
+    return found

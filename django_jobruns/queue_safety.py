@@ -78,9 +78,20 @@ def check_queue_safe(value: Any, root: str) -> None:
 
 
 def dump_queue_safe(value: Any, root: str) -> str:
-    """Check ``value`` and return its JSON text."""
+    """Check ``value`` and return its JSON text, refusing it over ``JOBRUNS['PAYLOAD_MAX_BYTES']``."""
+    from . import conf
+
     check_queue_safe(value, root)
-    return json.dumps(value, allow_nan=False, separators=(",", ":"))
+    text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+    cap = int(conf.get("PAYLOAD_MAX_BYTES"))
+    size = len(text.encode())
+    if size > cap:
+        raise QueueUnsafe(
+            f"{root} is not queue-safe: {root} is {size} bytes as JSON, over the cap of {cap} "
+            "(JOBRUNS['PAYLOAD_MAX_BYTES']); a run carries ids and configuration, not the data itself",
+            path=root,
+        )
+    return text
 
 
 def dump_result(value: Any) -> str:

@@ -28,3 +28,44 @@ def test_the_test_project_passes_its_own_checks():
     assert [m for m in run_checks() if m.id.startswith("jobruns.")] == []
     if settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"):
         assert "journal_mode=WAL" in settings.DATABASES["default"]["OPTIONS"]["init_command"]
+
+
+def test_settings_checks_refuse_unknown_keys_and_wrong_kinds(settings):
+    from datetime import timedelta
+
+    from django_jobruns import RetryPolicy
+    from django_jobruns.checks import check_settings
+
+    settings.JOBRUNS = {"DEFAULT_RETRY": RetryPolicy(max_attempts=2), "LEASE_TTL": timedelta(minutes=1),
+                        "DRIVE_LIMIT": 10, "SCAN_MAX": 100, "PAYLOAD_MAX_BYTES": 4096}
+    assert check_settings() == []
+    settings.JOBRUNS = {"LEASE_TLL": 30, "DEFAULT_RETRY": {"max_attempts": 3}, "LEASE_TTL": 0,
+                        "DRIVE_LIMIT": "50", "SCAN_MAX": 0}
+    found = {(m.id, m.msg.split(" must")[0].split(" has")[0]) for m in check_settings()}
+    assert found == {
+        ("jobruns.E001", "JOBRUNS"),
+        ("jobruns.E002", "JOBRUNS['DEFAULT_RETRY']"),
+        ("jobruns.E003", "JOBRUNS['LEASE_TTL']"),
+        ("jobruns.E003", "JOBRUNS['DRIVE_LIMIT']"),
+        ("jobruns.E003", "JOBRUNS['SCAN_MAX']"),
+    }
+    assert "'LEASE_TLL'" in next(m.msg for m in check_settings() if m.id == "jobruns.E001")
+    settings.JOBRUNS = ["not", "a", "dict"]
+    assert [m.id for m in check_settings()] == ["jobruns.E001"]
+
+
+def test_default_retry_setting_applies_to_jobs_that_name_none(settings, behaviour, clock, db):
+    from django_jobruns import RetryPolicy, run_due_jobs, start_job_run
+    from django_jobruns.registry import job, unregister
+
+    @job("no_policy")
+    def no_policy(p):
+        raise RuntimeError("always")
+
+    try:
+        settings.JOBRUNS = {"DEFAULT_RETRY": RetryPolicy(max_attempts=1)}
+        run, _ = start_job_run("tests.no_policy")
+        report = run_due_jobs(now=clock, jobs=["tests.no_policy"])
+        assert report.failed == 1, "one attempt allowed by the setting"
+    finally:
+        unregister("tests.no_policy")

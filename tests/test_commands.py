@@ -224,3 +224,16 @@ def test_prune_refuses_bad_ages_and_live_statuses(args, message):
                           env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"},
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+
+
+@pytest.mark.django_db
+def test_command_defaults_come_from_the_settings(behaviour, settings):
+    settings.JOBRUNS = {"DRIVE_LIMIT": 1, "LEASE_TTL": 42}
+    held = []
+    for i in range(2):
+        behaviour[f"s{i}"] = lambda p: held.append(JobRun.objects.get(pk=p.run.id).lease_expires_at) or {"done": True}
+        start_job_run("tests.scripted", instance=f"s{i}")
+    before = timezone.now()
+    out, _ = run_command("--json")
+    assert json.loads(out)["attempted"] == 1
+    assert timedelta(seconds=41) < held[0] - before < timedelta(seconds=43)

@@ -136,3 +136,23 @@ def test_q1_every_accepted_value_round_trips_unchanged(value):
     restored = json.loads(dump_queue_safe(value, "payload"))
     assert restored == value
     assert json.dumps(restored, sort_keys=True) == json.dumps(value, sort_keys=True)
+
+
+@pytest.mark.django_db
+def test_a_payload_over_the_size_cap_is_refused_and_creates_nothing(settings):
+    settings.JOBRUNS = {"PAYLOAD_MAX_BYTES": 100}
+    start_job_run("tests.walk", instance="small", payload={"ids": list(range(10))})
+    with pytest.raises(QueueUnsafe, match=r"payload is \d+ bytes as JSON, over the cap of 100") as caught:
+        start_job_run("tests.walk", instance="big", payload={"ids": list(range(100))})
+    assert caught.value.path == "payload"
+    assert not JobRun.objects.filter(instance="big").exists()
+
+
+@pytest.mark.django_db
+def test_a_cursor_over_the_size_cap_fails_the_pass(settings, behaviour):
+    settings.JOBRUNS = {"PAYLOAD_MAX_BYTES": 100}
+    behaviour["bigcursor"] = lambda p: {"cursor": "x" * 200}
+    run, _ = start_job_run("tests.scripted", instance="bigcursor")
+    report = run_due_jobs()
+    run.refresh_from_db()
+    assert report.retrying == 1 and "cursor is 202 bytes as JSON" in report.errors[0][1] and run.cursor is None

@@ -13,6 +13,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
+from django_jobruns import conf
 from django_jobruns.drive import run_due_jobs
 from django_jobruns.exceptions import JobRunsError
 
@@ -44,12 +45,14 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--limit", type=_positive_int, default=50, help="runs to take at most (default 50)")
+        parser.add_argument("--limit", type=_positive_int, default=None,
+                            help="runs to take at most (default JOBRUNS['DRIVE_LIMIT'], 50)")
         parser.add_argument("--max-passes", type=_positive_int, default=1, help="passes per run (default 1)")
         parser.add_argument("--concurrency", type=_positive_int, default=1, help="runs driven at once (default 1)")
         parser.add_argument("--holder", default=None, help="lease holder name (default: host:pid:random)")
-        parser.add_argument("--lease-ttl", type=_positive_number, default=300.0,
-                            help="lease length in seconds (default 300); must outlast the longest step")
+        parser.add_argument("--lease-ttl", type=_positive_number, default=None,
+                            help="lease length in seconds (default JOBRUNS['LEASE_TTL'], 300); "
+                                 "must outlast the longest step")
         parser.add_argument("--job", action="append", dest="jobs", metavar="APP.NAME",
                             help="drive only this job (repeatable)")
         parser.add_argument("--max-seconds", type=_positive_number, default=None,
@@ -65,11 +68,12 @@ class Command(BaseCommand):
             timer.daemon = True
             timer.start()
         try:
+            ttl = options["lease_ttl"]
             report = run_due_jobs(
-                limit=options["limit"],
+                limit=options["limit"] or conf.get("DRIVE_LIMIT"),
                 max_passes=options["max_passes"],
                 holder=options["holder"],
-                lease_ttl=timedelta(seconds=options["lease_ttl"]),
+                lease_ttl=timedelta(seconds=ttl) if ttl is not None else conf.get("LEASE_TTL"),
                 concurrency=options["concurrency"],
                 jobs=options["jobs"],
                 stop=stop,
