@@ -85,7 +85,7 @@ def test_operator_filters_to_failed_runs_and_restarts_one(browser, live_server, 
     assert browser.find_element(By.ID, "result_list")
     browser.save_screenshot(str(screenshots / "changelist.png"))
 
-    browser.find_element(By.XPATH, "//nav[@id='changelist-filter']//a[normalize-space()='failed']").click()
+    browser.find_element(By.XPATH, "//*[@id='changelist-filter']//a[normalize-space()='failed']").click()
     assert "status__exact=failed" in browser.current_url
     rows = browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
     assert len(rows) == 1 and "supplier-4" in rows[0].text

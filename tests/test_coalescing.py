@@ -42,24 +42,21 @@ def test_c1_sixteen_threads_starting_one_key_create_one_live_run():
     assert JobRun.objects.filter(instance="race").count() == 1
 
 
-def _start_in_process(barrier, queue):
-    connections.close_all()
-    barrier.wait()
-    run, created = start_job_run("tests.walk", instance="race-proc", payload={"log": "/dev/null"})
-    queue.put((run.id, created))
-    connections.close_all()
-
-
 @pytest.mark.django_db(transaction=True)
 def test_c1_processes_starting_one_key_create_one_live_run():
-    ctx = multiprocessing.get_context("fork")
+    from tests.conftest import worker_env
+    from tests.process_helpers import start_one_key
+
+    # Spawned, not forked: each process is a fresh interpreter with its own connection.
+    ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(6)
     queue = ctx.Queue()
-    connections.close_all()  # a forked child must not share the parent's socket
-    procs = [ctx.Process(target=_start_in_process, args=(barrier, queue)) for _ in range(6)]
+    env = {k: v for k, v in worker_env().items() if k in ("DJANGO_SETTINGS_MODULE", "JOBRUNS_TEST_DB_NAME",
+                                                        "DATABASE_URL", "PYTHONPATH", "JOBRUNS_VAR_DIR")}
+    procs = [ctx.Process(target=start_one_key, args=(env, barrier, queue)) for _ in range(6)]
     for p in procs:
         p.start()
-    results = [queue.get(timeout=60) for _ in procs]
+    results = [queue.get(timeout=120) for _ in procs]
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
