@@ -8,7 +8,7 @@ runs, which start a NEW run through ``restart_job_run``.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
@@ -31,8 +31,16 @@ from .starts import restart_job_run
 
 RESTART_PERMISSION = "django_jobruns.restart_jobrun"
 
+# Generic for the type checker only: Django's admin classes are not subscriptable at run time.
+if TYPE_CHECKING:
+    _InlineBase = admin.TabularInline[JobStep, JobRun]
+    _AdminBase = admin.ModelAdmin[JobRun]
+else:
+    _InlineBase = admin.TabularInline
+    _AdminBase = admin.ModelAdmin
 
-class EstimatedCountPaginator(Paginator):
+
+class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
     """Page the unfiltered list of a large table by PostgreSQL's row estimate.
 
     An exact COUNT(*) reads every row the table retains, on every page view;
@@ -113,7 +121,7 @@ class JobFilter(admin.SimpleListFilter):
         return queryset.filter(module=module, job=name)
 
 
-class JobStepInline(admin.TabularInline):
+class JobStepInline(_InlineBase):
     model = JobStep
     extra = 0
     max_num = 0
@@ -143,7 +151,7 @@ class JobStepInline(admin.TabularInline):
 
 
 @admin.register(JobRun)
-class JobRunAdmin(admin.ModelAdmin):
+class JobRunAdmin(_AdminBase):
     change_form_template = "admin/django_jobruns/jobrun/change_form.html"
     list_display = (
         "id", "key", "status_badge", "progress", "attempts", "next_attempt_at",

@@ -31,7 +31,7 @@ class Job:
         self.module = module
         self.name = name
         self.retry = retry
-        functools.update_wrapper(self, handler)  # type: ignore[arg-type]
+        functools.update_wrapper(self, handler)
 
     @property
     def key(self) -> tuple[str, str]:

@@ -101,7 +101,7 @@ class _Statements:
         )
         self.update_fenced_prefix = f"UPDATE {run} SET "
         self.update_fenced_where = f" WHERE {q('id')} = %s AND {q('lease_fence')} = %s"
-        self.assign: dict[str, str] = {}
+        self.assign: dict[tuple[str, ...], str] = {}
         self.quote = q
         self.drop_ledger = f"DELETE FROM {step} WHERE {q('run_id')} = %s"
         # PostgreSQL: the fence check and the write in ONE statement, through a
@@ -130,10 +130,10 @@ class _Statements:
 
     def assignments(self, columns: Any) -> str:
         key = tuple(columns)
-        text = self.assign.get(key)  # type: ignore[call-overload]
+        text = self.assign.get(key)
         if text is None:
             text = ", ".join(f"{self.quote(c)} = %s" for c in key)
-            self.assign[key] = text  # type: ignore[index]
+            self.assign[key] = text
         return text
 
 
@@ -199,7 +199,7 @@ def claim(run_id: str, fence: int, holder: str, now: datetime, expires: datetime
                 return None
             steps = row[len(RUN_COLUMNS)]
             ledger = [tuple(entry) for entry in steps] if steps else []
-            return _run_from(row[: len(RUN_COLUMNS)], now, wrapper, ledger)  # type: ignore[arg-type]
+            return _run_from(row[: len(RUN_COLUMNS)], now, wrapper, ledger)
         if st.returning:
             cur.execute(st.claim_returning, params)
             row = cur.fetchone()
@@ -249,7 +249,7 @@ def heartbeat(run_id: str, fence: int, expires: datetime) -> bool:
 
 def one_statement_writes() -> bool:
     """Whether fenced writes are single statements here (PostgreSQL's data-modifying CTEs)."""
-    return _db()[1].ctes
+    return bool(_db()[1].ctes)
 
 
 def record_step_fenced(

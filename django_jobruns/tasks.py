@@ -21,7 +21,7 @@ try:
     from django.tasks import task
 except ImportError:  # Django 5.2: the backport
     try:
-        from django_tasks import task
+        from django_tasks import task  # type: ignore[no-redef]
     except ImportError:
         raise ImportError(
             "django_jobruns.tasks needs Django's Tasks framework: Django 6, or `pip install django-tasks` on 5.2"
