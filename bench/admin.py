@@ -16,13 +16,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import drop_database, fresh_database, interleave, median, run_phase, setup_django  # noqa: E402
+from bench.common import (  # noqa: E402
+    drop_databases,
+    fill_databases,
+    fresh_database,
+    interleave,
+    median,
+    run_phase,
+    setup_django,
+)
 
 SMALL = 1_000
 
@@ -94,20 +101,12 @@ def main() -> int:
         print(json.dumps(phase_render(args.name, 10)))
         return 0
 
-    folder = Path(tempfile.mkdtemp(prefix="jobruns-admin-"))
-    urls = {}
-    for count, name in ((SMALL, "bench_admin_small"), (args.large, "bench_admin_large")):
-        target = str(folder / name) if args.db == "sqlite" else name
-        run_phase("admin.py", "--phase", "fill", "--db", args.db, "--name", target, "--count", str(count))
-        urls[count] = (f"sqlite:///{target}.sqlite3" if args.db == "sqlite"
-                       else f"postgresql://postgres@127.0.0.1:5432/{name}")
+    urls = fill_databases("admin.py", args.db, "admin", [SMALL, args.large])
     results = interleave(args.rounds, urls, lambda count, url: run_phase(
         "admin.py", "--phase", "render", "--db", args.db, "--name", url))
     samples = {count: [r["seconds"] for r in rs] for count, rs in results.items()}
     queries = {count: int(rs[-1]["queries"]) for count, rs in results.items()}
-    if args.db == "postgres":
-        drop_database(args.db, "bench_admin_small")
-        drop_database(args.db, "bench_admin_large")
+    drop_databases(args.db, "admin", [SMALL, args.large])
     small, large = median(samples[SMALL]), median(samples[args.large])
     print(f"db={args.db} rounds={args.rounds} changelist_ms: {SMALL}={small * 1000:.1f} "
           f"{args.large}={large * 1000:.1f} (medians of 10 renders a round)")

@@ -79,3 +79,20 @@ def interleave(rounds: int, targets: dict[Any, Any], measure: Any) -> dict[Any, 
         for key, target in targets.items():
             samples[key].append(measure(key, target))
     return samples
+
+
+def fill_databases(script: str, db: str, prefix: str, counts: list[int]) -> dict[int, str]:
+    """Create one database per count, filled by ``script --phase fill``; return their URLs by count."""
+    folder = Path(tempfile.mkdtemp(prefix=f"jobruns-{prefix}-"))
+    urls = {}
+    for index, count in enumerate(counts):
+        name = f"bench_{prefix}_{index}"
+        target = str(folder / name) if db == "sqlite" else name
+        run_phase(script, "--phase", "fill", "--db", db, "--name", target, "--count", str(count))
+        urls[count] = f"sqlite:///{target}.sqlite3" if db == "sqlite" else f"postgresql://postgres@127.0.0.1:5432/{name}"
+    return urls
+
+
+def drop_databases(db: str, prefix: str, counts: list[int]) -> None:
+    for index in range(len(counts)):
+        drop_database(db, f"bench_{prefix}_{index}")

@@ -21,7 +21,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import drop_database, fresh_database, interleave, median, run_phase, setup_django  # noqa: E402
+from bench.common import (  # noqa: E402
+    drop_databases,
+    fill_databases,
+    fresh_database,
+    interleave,
+    median,
+    run_phase,
+    setup_django,
+)
 
 DUE = 10
 
@@ -48,9 +56,8 @@ def phase_fill(db: str, name: str, history: int) -> dict[str, object]:
     return {"retained": JobRun.objects.count()}
 
 
-def phase_drive(db: str, url_name: str, repeats: int) -> dict[str, object]:
+def phase_drive(url: str, repeats: int) -> dict[str, object]:
     """Start 10 runs and time one drive pass over them, ``repeats`` times; report the median."""
-    url = (f"sqlite:///{url_name}" if db == "sqlite" else f"postgresql://postgres@127.0.0.1:5432/{url_name}")
     setup_django(url)
     from django.db import connection
     from django.utils import timezone
@@ -82,32 +89,23 @@ def main() -> int:
     parser.add_argument("--history", type=int, default=100_000)
     parser.add_argument("--phase", choices=["fill", "drive"], help=argparse.SUPPRESS)
     parser.add_argument("--name", help=argparse.SUPPRESS)
+    parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.phase == "fill":
-        print(json.dumps(phase_fill(args.db, args.name, args.history)))
+        print(json.dumps(phase_fill(args.db, args.name, args.count)))
         return 0
     if args.phase == "drive":
-        print(json.dumps(phase_drive(args.db, args.name, 5)))
+        print(json.dumps(phase_drive(args.name, 5)))
         return 0
 
-    import tempfile
 
-    folder = Path(tempfile.mkdtemp(prefix="jobruns-history-"))
-    names = {0: "bench_history_0", args.history: "bench_history_big"}
-    targets = {}
-    for retained, name in names.items():
-        filled = run_phase("history.py", "--phase", "fill", "--db", args.db, "--name",
-                           str(folder / name) if args.db == "sqlite" else name, "--history", str(retained))
-        targets[retained] = str(folder / f"{name}.sqlite3") if args.db == "sqlite" else name
-        print(f"{retained} finished runs retained: {filled['retained']} rows", flush=True)
-    results = interleave(args.rounds, targets, lambda retained, target: run_phase(
-        "history.py", "--phase", "drive", "--db", args.db, "--name", target))
+    targets = fill_databases("history.py", args.db, "history", [0, args.history])
+    results = interleave(args.rounds, targets, lambda retained, url: run_phase(
+        "history.py", "--phase", "drive", "--db", args.db, "--name", url))
     samples = {retained: [float(r["seconds"]) for r in rs] for retained, rs in results.items()}
     plan = str(results[args.history][-1]["plan"])
     small, big = median(samples[0]), median(samples[args.history])
-    if args.db == "postgres":
-        for name in names.values():
-            drop_database(args.db, name)
+    drop_databases(args.db, "history", [0, args.history])
     print(f"due read plan with {args.history} retained: {plan}")
     print(f"db={args.db} rounds={args.rounds} drive_of_{DUE}_runs_ms: retained_0={small * 1000:.1f} "
           f"retained_{args.history}={big * 1000:.1f} (medians)")
