@@ -206,17 +206,21 @@ def run_due_jobs(
         return report
     scan_max = int(conf.get("SCAN_MAX"))
     # Twice the limit is read, so a claim another worker wins is made up from
-    # the spares; each worker starts at its own random point of the window, so
-    # workers started together do not all race for the oldest run.
+    # the spares. Runs are taken oldest first; once a claim is lost to another
+    # worker, the rest of the window is taken in random order, so workers
+    # started together stop racing each other for the same next run.
     rows = _due_rows(selected, started, min(2 * limit, scan_max), scan_max)
-    if rows:
-        start = random.randrange(len(rows))
-        rows = rows[start:] + rows[:start]
     drive = _Drive(report, holder, ttl, clock, max_passes, stop, limit)
     if concurrency == 1 or len(rows) <= 1:
-        for row in rows:
-            if not drive.handle(*row):
+        pending = list(rows)
+        contended = False
+        while pending:
+            skipped_before = report.skipped
+            if not drive.handle(*pending.pop(0)):
                 break
+            if report.skipped > skipped_before and not contended:
+                contended = True
+                random.shuffle(pending)
     else:
         # Windowed: a claim is taken as its work starts, never for the whole
         # batch up front, so the tail of a long batch does not expire unworked.

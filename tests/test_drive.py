@@ -255,3 +255,29 @@ def test_d1_orphans_ahead_of_a_runnable_run_cost_a_few_reads(behaviour, clock):
     assert report.attempted == 1
     due_reads = [q for q in ctx.captured_queries if q["sql"].startswith("SELECT") and "ORDER BY" in q["sql"]]
     assert len(due_reads) == 3, "120 orphans and one run, read 50 rows at a time"
+
+
+def test_d1_runs_are_taken_oldest_first(behaviour, clock):
+    runs = _runs(behaviour, 5, lambda p: {"cursor": 1})
+    run_due_jobs(limit=2, now=clock)
+    advanced = set(JobRun.objects.filter(cursor="1").values_list("id", flat=True))
+    assert advanced == {runs[0].id, runs[1].id}
+
+
+def test_d2_a_claim_lost_to_another_worker_is_made_up_from_the_spares(behaviour, clock):
+    runs = _runs(behaviour, 4, lambda p: {"cursor": 1})
+    lost = []
+
+    def another_worker_claims_first(execute, sql, params, many, context):
+        if '"lease_holder" = %s' in sql and not lost:
+            lost.append(params[3])  # the run this claim is for: another worker takes it first
+            with connection.cursor() as cur:
+                cur.execute("UPDATE django_jobruns_jobrun SET lease_fence = lease_fence + 1, lease_holder = 'other' "
+                            "WHERE id = %s", [params[3]])
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(another_worker_claims_first):
+        report = run_due_jobs(limit=2, now=clock)
+    assert lost == [runs[0].id]
+    assert report.skipped == 1 and report.attempted == 2 and report.advanced == 2
+    assert JobRun.objects.filter(cursor="1").count() == 2
