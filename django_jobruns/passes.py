@@ -375,12 +375,14 @@ def run_pass(
                 return PassOutcome("lost")
             if ledger:
                 sql.drop_ledger(run.id)
-    identity = {"run_id": run.id, "module": run.module, "job": run.job, "instance": run.instance}
-    decoded_cursor = json.loads(cursor) if cursor is not None else None
-    counters = dict(p._counters)
-    signals.send_after_commit(signals.pass_committed, **identity, cursor=decoded_cursor, counters=counters, done=done)
-    if done:
-        signals.send_after_commit(signals.run_completed, **identity, cursor=decoded_cursor, counters=counters)
+    if signals.pass_committed.has_listeners() or (done and signals.run_completed.has_listeners()):
+        identity = {"run_id": run.id, "module": run.module, "job": run.job, "instance": run.instance}
+        decoded_cursor = json.loads(cursor) if cursor is not None else None
+        counters = dict(p._counters)
+        signals.send_after_commit(signals.pass_committed, **identity, cursor=decoded_cursor, counters=counters,
+                                  done=done)
+        if done:
+            signals.send_after_commit(signals.run_completed, **identity, cursor=decoded_cursor, counters=counters)
     return PassOutcome("completed" if done else "advanced", warning=warning)
 
 
