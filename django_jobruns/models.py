@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .records import JobRunRecord
 
 from django.db import models
 from django.db.models import Q
@@ -104,11 +107,8 @@ class JobRun(models.Model):
     def label(self) -> str:
         return f"{self.module}.{self.job}"
 
-    @property
-    def is_live(self) -> bool:
-        return self.status == Status.RUNNING
-
-    def as_record(self) -> Any:
+    def as_record(self) -> JobRunRecord:
+        """This run decoded as the operator read gives it (see ``job_runs``)."""
         from .records import JobRunRecord
 
         return JobRunRecord.from_row(self)

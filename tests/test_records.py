@@ -60,3 +60,11 @@ def test_job_runs_limit_is_clamped_before_it_reaches_sql(limit, expected):
 def test_job_runs_limit_must_be_a_number():
     with pytest.raises(TypeError, match="limit must be a number"):
         job_runs(limit="10")  # type: ignore[arg-type]
+
+
+def test_a_run_decodes_itself_as_the_operator_read_does():
+    run, _ = start_job_run("tests.walk", instance="self", payload={"a": [1]})
+    JobRun.objects.filter(pk=run.pk).update(counters="{broken")
+    run.refresh_from_db()
+    record = run.as_record()
+    assert record.payload == {"a": [1]} and record.counters == {} and record.decode_error.startswith("counters:")
