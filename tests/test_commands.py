@@ -202,7 +202,8 @@ def test_prune_deletes_only_old_finished_runs_in_batches():
     with CaptureQueriesContext(connection) as ctx:
         out = call("prune_job_runs", "--older-than", "30", "--batch-size", "2")
     assert out == "deleted 5 finished run(s) older than 30 day(s)"
-    deletes = [q for q in ctx.captured_queries if q["sql"].startswith("DELETE FROM \"django_jobruns_jobrun\"")]
+    deletes = [q for q in ctx.captured_queries
+               if q["sql"].startswith("DELETE FROM") and "django_jobruns_jobrun" in q["sql"].split("WHERE")[0]]
     assert len(deletes) == 3, "five runs deleted two at a time"
     assert set(JobRun.objects.values_list("pk", flat=True)) == {recent.pk, live.pk, restarted.pk}
     restarted.refresh_from_db()

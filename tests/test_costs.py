@@ -37,7 +37,9 @@ def test_one_pass_of_k_fresh_steps_costs_at_most_2k_plus_6_statements(behaviour,
     # As built: the due read, the claim, the ledger read (joined to the claim on
     # PostgreSQL), each step as a fence check and a record (one statement on
     # PostgreSQL), and the commit with the ledger's drop (one on PostgreSQL).
-    assert len(sql) == (k + 3 if connection.vendor == "postgresql" else 2 * k + 5), "\n".join(sql)
+    # (MariaDB/MySQL: no UPDATE ... RETURNING, so the claim's re-read is its own read.)
+    expected = {"postgresql": k + 3, "sqlite": 2 * k + 5}.get(connection.vendor, 2 * k + 6)
+    assert len(sql) == expected, "\n".join(sql)
     print(f"k={k}: {len(sql)} statements")
 
 
@@ -76,6 +78,8 @@ def _plan(now) -> str:
         if connection.vendor == "postgresql":
             cur.execute("SET LOCAL enable_seqscan = off")
             cur.execute("EXPLAIN " + sql, params)
+        elif connection.vendor == "mysql":
+            cur.execute("EXPLAIN " + sql, params)
         else:
             cur.execute("EXPLAIN QUERY PLAN " + sql, params)
         return "\n".join(" ".join(str(c) for c in row) for row in cur.fetchall())
@@ -88,8 +92,9 @@ def test_d9_due_read_uses_the_due_index_with_a_large_history():
                 started_at=now, updated_at=now, ended_at=now) for i in range(2000)]
     )
     start_job_run("tests.walk", instance="live")
-    with connection.cursor() as cur:
-        cur.execute("ANALYZE")
+    if connection.vendor != "mysql":  # MySQL's ANALYZE TABLE commits the test's transaction
+        with connection.cursor() as cur:
+            cur.execute("ANALYZE")
     plan = _plan(now)
     assert "jobruns_due" in plan, plan
     if connection.vendor == "sqlite":
