@@ -219,35 +219,35 @@ class Pass:
         claim = self._claim
         now = claim.now()
         exists = name in self._ledger
+        expiry = claim.expiry(now)
         try:
             if sql.one_statement_writes():
+                renewed = True
                 with _savepoint_if_nested():
-                    held = sql.record_step_fenced(claim.run_id, claim.fence, claim.expiry(now), name, result,
-                                                  attempts, error, now, exists=exists)
-                if not held:
-                    raise LeaseLost(f"run {claim.run_id}: the lease was taken over while step {name!r} ran")
-                claim.expires_at = claim.expiry(now)
-                self._ledger[name] = _LedgerRow(result, attempts, error)
-                return
-            with transaction.atomic():
-                # The step row is written only if this claim is still the latest:
-                # the fence check and the heartbeat are one statement. While more
-                # than half the lease is left, SQLite checks the fence with a read
-                # instead -- the transaction holds the database's write lock, so no
-                # claim can come between the read and the write -- and spares a
-                # page write per step.
-                if sql.read_checks_fence() and claim.expires_at - now > claim.ttl / 2:
-                    held = sql.fence_holds(claim.run_id, claim.fence)
-                else:
-                    held = sql.heartbeat(claim.run_id, claim.fence, claim.expiry(now))
+                    held = sql.record_step_fenced(claim.run_id, claim.fence, expiry, name, result, attempts, error,
+                                                  now, exists=exists)
+            else:
+                with transaction.atomic():
+                    # The step row is written only if this claim is still the latest:
+                    # the fence check and the heartbeat are one statement. While more
+                    # than half the lease is left, SQLite checks the fence with a read
+                    # instead -- the transaction holds the database's write lock, so no
+                    # claim can come between the read and the write -- and spares a
+                    # page write per step.
+                    renewed = not (sql.read_checks_fence() and claim.expires_at - now > claim.ttl / 2)
+                    if renewed:
+                        held = sql.heartbeat(claim.run_id, claim.fence, expiry)
+                    else:
+                        held = sql.fence_holds(claim.run_id, claim.fence)
                     if held:
-                        claim.expires_at = claim.expiry(now)
-                if not held:
-                    raise LeaseLost(f"run {claim.run_id}: the lease was taken over while step {name!r} ran")
-                sql.record_step(claim.run_id, name, result, attempts, error, now, exists=exists)
+                        sql.record_step(claim.run_id, name, result, attempts, error, now, exists=exists)
+            if not held:
+                raise LeaseLost(f"run {claim.run_id}: the lease was taken over while step {name!r} ran")
         except LeaseLost:
             self._lost = True
             raise
+        if renewed:
+            claim.expires_at = expiry
         self._ledger[name] = _LedgerRow(result, attempts, error)
 
     def _unused_memos(self) -> list[str]:
