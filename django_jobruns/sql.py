@@ -58,6 +58,17 @@ class _Statements:
         self.returning = wrapper.vendor == "postgresql" or (
             wrapper.vendor == "sqlite" and sqlite3.sqlite_version_info >= (3, 35)
         )
+        # SQLite's write transactions hold the whole database's write lock
+        # (IMMEDIATE; under DEFERRED a claim committed after the read makes the
+        # transaction's write fail instead), so a read of the fence inside one is
+        # as good as a locking write. Elsewhere only the heartbeat's row lock is.
+        self.read_checks_fence = wrapper.vendor == "sqlite"
+        step_set = (
+            f"{q('result')} = %s, {q('attempts')} = %s, {q('last_error')} = %s, {q('recorded_at')} = %s"
+        )
+        step_columns = (
+            f"{q('run_id')}, {q('step')}, {q('result')}, {q('attempts')}, {q('last_error')}, {q('recorded_at')}"
+        )
         self.columns = ", ".join(q(c) for c in RUN_COLUMNS)
         self.claim = (
             f"UPDATE {run} SET {q('lease_holder')} = %s, {q('lease_expires_at')} = %s, {q('lease_fence')} = %s "
@@ -91,14 +102,8 @@ class _Statements:
         self.heartbeat = (
             f"UPDATE {run} SET {q('lease_expires_at')} = %s WHERE {q('id')} = %s AND {q('lease_fence')} = %s"
         )
-        self.update_step = (
-            f"UPDATE {step} SET {q('result')} = %s, {q('attempts')} = %s, {q('last_error')} = %s, "
-            f"{q('recorded_at')} = %s WHERE {q('run_id')} = %s AND {q('step')} = %s"
-        )
-        self.insert_step = (
-            f"INSERT INTO {step} ({q('run_id')}, {q('step')}, {q('result')}, {q('attempts')}, "
-            f"{q('last_error')}, {q('recorded_at')}) VALUES (%s, %s, %s, %s, %s, %s)"
-        )
+        self.update_step = f"UPDATE {step} SET {step_set} WHERE {q('run_id')} = %s AND {q('step')} = %s"
+        self.insert_step = f"INSERT INTO {step} ({step_columns}) VALUES (%s, %s, %s, %s, %s, %s)"
         self.update_fenced_prefix = f"UPDATE {run} SET "
         self.update_fenced_where = f" WHERE {q('id')} = %s AND {q('lease_fence')} = %s"
         self.assign: dict[tuple[str, ...], str] = {}
@@ -113,15 +118,13 @@ class _Statements:
             f"WHERE {q('id')} = %s AND {q('lease_fence')} = %s RETURNING {q('id')}) "
         )
         self.insert_step_fenced = (
-            f"{fenced}INSERT INTO {step} ({q('run_id')}, {q('step')}, {q('result')}, {q('attempts')}, "
-            f"{q('last_error')}, {q('recorded_at')}) SELECT {q('id')}, %s, %s, %s, %s, %s FROM fenced RETURNING 1"
+            f"{fenced}INSERT INTO {step} ({step_columns}) SELECT {q('id')}, %s, %s, %s, %s, %s FROM fenced RETURNING 1"
         )
         self.update_step_fenced = (
-            f"{fenced}UPDATE {step} SET {q('result')} = %s, {q('attempts')} = %s, {q('last_error')} = %s, "
-            f"{q('recorded_at')} = %s FROM fenced WHERE {step}.{q('run_id')} = fenced.{q('id')} "
+            f"{fenced}UPDATE {step} SET {step_set} FROM fenced WHERE {step}.{q('run_id')} = fenced.{q('id')} "
             f"AND {step}.{q('step')} = %s RETURNING 1"
         )
-        self.commit_where = f" WHERE {q('id')} = %s AND {q('lease_fence')} = %s RETURNING {q('id')}"
+        self.commit_where = f"{self.update_fenced_where} RETURNING {q('id')}"
         self.commit_drop = (
             f"), dropped AS (DELETE FROM {step} WHERE {q('run_id')} IN (SELECT {q('id')} FROM fenced)) "
             "SELECT COUNT(*) FROM fenced"
@@ -138,17 +141,6 @@ class _Statements:
 
 
 _statements: dict[str, _Statements] = {}
-
-
-def read_checks_fence() -> bool:
-    """Whether a read inside a write transaction is as good as a locking write.
-
-    True on SQLite, whose write transactions hold the whole database's write
-    lock (IMMEDIATE; under DEFERRED a claim committed after the read makes the
-    transaction's write fail instead). Not on PostgreSQL, where only a row
-    lock keeps a concurrent claim out, and the heartbeat's UPDATE takes it.
-    """
-    return bool(connections[DEFAULT_DB_ALIAS].vendor == "sqlite")
 
 
 def _db() -> tuple[Any, _Statements]:
@@ -247,6 +239,17 @@ def heartbeat(run_id: str, fence: int, expires: datetime) -> bool:
         return bool(cur.rowcount == 1)
 
 
+def read_checks_fence() -> bool:
+    """Whether a read of the fence inside a write transaction is as good as a locking write (SQLite)."""
+    return bool(_db()[1].read_checks_fence)
+
+
+def _adapted(wrapper: Any, fields: dict[str, Any]) -> list[Any]:
+    """The values of ``fields`` as query parameters, datetimes adapted for this database."""
+    adapt = wrapper.ops.adapt_datetimefield_value
+    return [adapt(v) if isinstance(v, datetime) else v for v in fields.values()]
+
+
 def one_statement_writes() -> bool:
     """Whether fenced writes are single statements here (PostgreSQL's data-modifying CTEs)."""
     return bool(_db()[1].ctes)
@@ -271,8 +274,7 @@ def record_step_fenced(
 def commit_fenced(run_id: str, fence: int, fields: dict[str, Any], *, drop_ledger: bool) -> bool:
     """Write the run and drop its ledger in one statement, if ``fence`` still holds."""
     wrapper, st = _db()
-    adapt = wrapper.ops.adapt_datetimefield_value
-    params = [adapt(v) if isinstance(v, datetime) else v for v in fields.values()]
+    params = _adapted(wrapper, fields)
     text = (
         f"WITH fenced AS ({st.update_fenced_prefix}{st.assignments(fields)}{st.commit_where}"
         f"{st.commit_drop if drop_ledger else st.commit_keep}"
@@ -306,8 +308,7 @@ def record_step(
 def update_fenced(run_id: str, fence: int, fields: dict[str, Any]) -> bool:
     """Write ``fields`` to the run if ``fence`` is still its fence; return whether it was."""
     wrapper, st = _db()
-    at = wrapper.ops.adapt_datetimefield_value
-    params = [at(v) if isinstance(v, datetime) else v for v in fields.values()]
+    params = _adapted(wrapper, fields)
     with wrapper.cursor() as cur:
         cur.execute(
             f"{st.update_fenced_prefix}{st.assignments(fields)}{st.update_fenced_where}", [*params, run_id, fence]
