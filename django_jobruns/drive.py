@@ -26,7 +26,7 @@ from django.utils import timezone
 from . import conf, sql
 from .exceptions import InvalidDriveOptions
 from .models import JobRun, Status
-from .passes import Claim, PassOutcome, _summary, load_ledger
+from .passes import Claim, PassOutcome, _summary, fail_abandoned, load_ledger
 from .passes import run_pass as run_pass  # re-exported: the testing helpers observe it here
 from .registry import Job, get_job, lookup, registered_jobs
 from .retry import as_timedelta
@@ -69,6 +69,10 @@ class DriveReport:
     stale: int = 0
     lost: int = 0
     unreleased: int = 0
+    #: Due runs stepped over because no job of this process is registered under their key.
+    unregistered: int = 0
+    #: Runs taken over from a holder whose lease lapsed unreleased (its pass was charged).
+    taken_over: int = 0
     errors: list[tuple[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     stopped: bool = False
@@ -77,7 +81,12 @@ class DriveReport:
     unrecorded: list[tuple[str, str]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
-    COUNTS = ("attempted", "advanced", "completed", "retrying", "failed", "skipped", "stale", "lost", "unreleased")
+    COUNTS = (
+        "attempted", "advanced", "completed", "retrying", "failed", "skipped", "stale", "lost", "unreleased",
+        "unregistered", "taken_over",
+    )
+    #: Counts the one-line summary shows only when they are not zero.
+    RARE = ("unregistered", "taken_over")
 
     def add(self, name: str, by: int = 1) -> None:
         with self._lock:
@@ -109,8 +118,9 @@ class DriveReport:
         return data
 
     def summary(self) -> str:
-        counts = " ".join(f"{name}={getattr(self, name)}" for name in self.COUNTS)
-        return f"{counts} stopped={'yes' if self.stopped else 'no'}"
+        counts = " ".join(f"{name}={getattr(self, name)}" for name in self.COUNTS if name not in self.RARE)
+        rare = "".join(f" {name}={getattr(self, name)}" for name in self.RARE if getattr(self, name))
+        return f"{counts} stopped={'yes' if self.stopped else 'no'}{rare}"
 
 
 def _positive_int(value: Any, name: str) -> int:
@@ -209,7 +219,7 @@ def run_due_jobs(
     # the spares. Runs are taken oldest first; once a claim is lost to another
     # worker, the rest of the window is taken in random order, so workers
     # started together stop racing each other for the same next run.
-    rows = _due_rows(selected, started, min(2 * limit, scan_max), scan_max)
+    rows = _due_rows(selected, started, min(2 * limit, scan_max), scan_max, report)
     drive = _Drive(report, holder, ttl, clock, max_passes, stop, limit)
     if concurrency == 1 or len(rows) <= 1:
         pending = list(rows)
@@ -230,7 +240,10 @@ def run_due_jobs(
     return report
 
 
-def _due_rows(selected: list[Job], now: datetime, limit: int, scan_max: int) -> list[tuple[str, int, str, str]]:
+DueRow = tuple[str, int, str, str, "str | None"]
+
+
+def _due_rows(selected: list[Job], now: datetime, limit: int, scan_max: int, report: DriveReport) -> list[DueRow]:
     """Read the oldest due runs of the selected jobs, until ``limit`` are found.
 
     ``limit`` counts runnable runs, not rows read: runs of jobs this process
@@ -240,7 +253,7 @@ def _due_rows(selected: list[Job], now: datetime, limit: int, scan_max: int) -> 
     The filter stays in Python so the read is a plain range of the due index.
     """
     wanted = {entry.key for entry in selected}
-    found: list[tuple[str, int, str, str]] = []
+    found: list[DueRow] = []
     scanned = 0
     after = ""
     while len(found) < limit and scanned < scan_max:
@@ -249,7 +262,11 @@ def _due_rows(selected: list[Job], now: datetime, limit: int, scan_max: int) -> 
         page = min(max(limit, 50), scan_max - scanned)
         batch = sql.due(now, after, page)
         scanned += len(batch)
-        found.extend(row for row in batch if (row[2], row[3]) in wanted)
+        for row in batch:
+            if (row[2], row[3]) in wanted:
+                found.append(row)
+            elif lookup(row[2], row[3]) is None:
+                report.add("unregistered")
         if len(batch) < page:
             break  # the end of the due runs
         after = batch[-1][0]
@@ -276,21 +293,31 @@ class _Drive:
             return True
         return False
 
-    def handle_in_thread(self, run_id: str, fence: int, module: str, job_name: str) -> bool:
+    def handle_in_thread(self, run_id: str, fence: int, module: str, job_name: str, held_by: str | None) -> bool:
         try:
-            return self.handle(run_id, fence, module, job_name)
+            return self.handle(run_id, fence, module, job_name, held_by)
         finally:
             connection.close()
 
-    def claim(self, run_id: str, fence: int) -> tuple[Claim, sql.ClaimedRow] | None:
-        """Take the run if nobody claimed it since it was read, or their claim expired."""
+    def claim(
+        self, run_id: str, fence: int, ttl: timedelta, held_by: str | None
+    ) -> tuple[Claim, sql.ClaimedRow] | None:
+        """Take the run if nobody claimed it since it was read, or their claim expired.
+
+        ``held_by`` is the holder the due read saw on a lapsed lease: the claim
+        is then a takeover, which charges that holder's silent pass.
+        """
         now = self.clock()
-        row = sql.claim(run_id, fence, self.holder, now, now + self.ttl)
+        takeover = None if held_by is None else (
+            f"the pass under holder {held_by!r} stopped reporting and its lease expired "
+            "(counted as a failed attempt)"
+        )
+        row = sql.claim(run_id, fence, self.holder, now, now + ttl, takeover=takeover)
         if row is None:
             return None
-        return Claim(run_id, self.holder, fence + 1, self.ttl, self.clock, now + self.ttl), row
+        return Claim(run_id, self.holder, fence + 1, ttl, self.clock, now + ttl), row
 
-    def handle(self, run_id: str, fence: int, module: str, job_name: str) -> bool:
+    def handle(self, run_id: str, fence: int, module: str, job_name: str, held_by: str | None = None) -> bool:
         """Drive one run; return False once the stop signal says to take no more."""
         if self.stopping():
             return False
@@ -301,7 +328,7 @@ class _Drive:
             if self.slots == 0:
                 return False  # ``limit`` runs taken
             self.slots -= 1
-        taken = self.claim(run_id, fence)
+        taken = self.claim(run_id, fence, job.lease or self.ttl, held_by)
         if taken is None:
             self.report.add("skipped")
             with self.slots_lock:
@@ -309,6 +336,8 @@ class _Drive:
             return True
         claim, row = taken
         self.report.add("attempted")
+        if held_by is not None:
+            self.report.add("taken_over")
         released = False
         try:
             # Checked under the claim (the claim's own re-read): only then is the
@@ -318,10 +347,24 @@ class _Drive:
                 self.report.add("stale")
                 return True
             run = row.run
+            if held_by is not None and (job.retry or conf.default_retry()).exhausted(run.attempts):
+                # Charging the silent pass used the policy up: a run that kills
+                # its worker every time must end, without being tried again.
+                outcome = fail_abandoned(run, claim, held_by)
+                self.report.record(run_id, outcome)
+                released = True
+                return True
             ledger = load_ledger(run_id, row.ledger) if row.ledger is not None else None
             for number in range(1, self.max_passes + 1):
                 last = number == self.max_passes or self.stopping()
-                outcome = run_pass(run, job, claim, release=last, ledger=ledger)
+                try:
+                    outcome = run_pass(run, job, claim, release=last, ledger=ledger)
+                except BaseException as exc:
+                    if not isinstance(exc, Exception):
+                        # SystemExit, KeyboardInterrupt: the pass was recorded
+                        # as failed and its lease given back; let it go.
+                        released = True
+                    raise
                 self.report.record(run_id, outcome)
                 if outcome.status != "advanced" or last:
                     # Every final write released the lease; a lost pass has none to give back.
@@ -376,9 +419,13 @@ def drive_run(
     ttl = _lease_ttl(lease_ttl)
     holder = _holder_name(holder)
     clock = _clock(now)
-    row = JobRun.objects.filter(pk=run_id).values_list("lease_fence", "module", "job").first()
+    row = JobRun.objects.filter(pk=run_id).values_list("lease_fence", "module", "job", "lease_holder",
+                                                         "lease_expires_at").first()
     if row is None:
         raise LookupError(f"no run has the id {run_id!r}")
     report = DriveReport()
-    _Drive(report, holder, ttl, clock, max_passes, None, 1).handle(run_id, *row)
+    fence, module, job_name, held_by, expires = row
+    if held_by is not None and (expires is None or expires > clock()):
+        held_by = None  # held: the plain claim is refused (skipped)
+    _Drive(report, holder, ttl, clock, max_passes, None, 1).handle(run_id, fence, module, job_name, held_by)
     return report

@@ -86,3 +86,38 @@ class LeaseLost(JobRunsError):
 
 class UndecodableRun(JobRunsError):
     """A run's stored payload, cursor or counters cannot be decoded; its pass fails."""
+
+
+class GiveUp(JobRunsError):
+    """Raised by a step or a handler: fail the run now, whatever the retry policy.
+
+    For errors that retrying cannot fix (a record the upstream says does not
+    exist, a credential revoked for good). The message becomes the run's error.
+    """
+
+
+class Permanent(JobRunsError):
+    """A contract violation by the job's code: the run fails at once, without a retry curve.
+
+    Retrying runs the same code on the same input, which fails the same way.
+    """
+
+
+class InvalidStepName(Permanent, ValueError):
+    """A step name the database cannot store (empty, too long, NUL, lone surrogates); refused before its body runs."""
+
+
+class StepResultUnstorable(Permanent, TypeError):
+    """A step returned a value with no JSON form, so its result cannot be recorded."""
+
+
+class StepInTransaction(Permanent):
+    """A step was called inside a transaction the handler opened: its memo would roll back with it."""
+
+
+class StepOutsidePass(JobRunsError):
+    """A step was called on a pass that has already ended."""
+
+
+class NotLive(JobRunsError, ValueError):
+    """The operation needs a live run (running or paused), and this one has finished."""

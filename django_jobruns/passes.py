@@ -24,13 +24,20 @@ from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 
 from . import signals, sql
 from .exceptions import (
+    GiveUp,
     InvalidPassResult,
+    InvalidStepName,
     LeaseLost,
+    Permanent,
+    QueueUnsafe,
     StepExhausted,
+    StepInTransaction,
+    StepOutsidePass,
+    StepResultUnstorable,
     StepReused,
     UndecodableRun,
 )
@@ -45,6 +52,25 @@ T = TypeVar("T")
 
 _RESULT_KEYS = ("cursor", "done")
 _MAX_ERROR_CHARS = 10_000
+
+#: Database errors of the engine's own writes that say nothing about the job
+#: (a lock wait that timed out, a deadlock, a dropped connection): the pass is
+#: reported unrecorded and the run taken again, never charged an attempt.
+#: Other database errors (a value refused, a constraint) are deterministic, and
+#: charged, so a run that hits one still ends.
+TRANSIENT: tuple[type[BaseException], ...] = (OperationalError, InterfaceError)
+
+#: Failures that retrying cannot fix: the run fails at once (P10).
+PERMANENT: tuple[type[BaseException], ...] = (GiveUp, Permanent, InvalidPassResult, StepReused, QueueUnsafe)
+
+
+class AbandonPass(BaseException):  # noqa: N818 -- it is not an error: it is a simulated death
+    """Raised inside a pass to abandon it as if its process died there.
+
+    Nothing is recorded and the lease is not given back: the run is taken over
+    when the lease lapses, and that silent pass charged, as for a killed worker.
+    The testing helpers raise it to simulate crashes.
+    """
 
 
 @dataclass
@@ -140,6 +166,13 @@ class Pass:
         self._used: set[str] = set()
         self._failed_step: _StepFailure | None = None
         self._lost = False
+        self._ended = False
+        #: A database error of the engine's own bookkeeping (a step record, a
+        #: heartbeat): never charged to the job's retry policy.
+        self._store_failed: BaseException | None = None
+        # Transactions open when the pass began (a caller's, a test case's):
+        # a step inside one more than these is inside the handler's own.
+        self._depth = len(connection.atomic_blocks)
 
     @property
     def payload(self) -> Any:
@@ -176,14 +209,21 @@ class Pass:
         returned. Step names must be a pure function of the payload and prior
         results.
         """
-        if not isinstance(name, str) or not name or len(name) > 255:
-            raise ValueError(f"a step name is non-empty text of at most 255 characters, got {name!r:.300}")
+        _check_step_name(name)
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise TypeError(f"step {name!r}: retry must be a RetryPolicy, got {retry!r}")
+        if self._ended:
+            raise StepOutsidePass(f"step {name!r} was called after its pass ended; steps run inside the handler")
         if self._lost:
             raise LeaseLost(f"run {self._run.id}: the lease was taken over; step {name!r} not run")
         if name in self._used:
             raise StepReused(name)
+        if len(connection.atomic_blocks) > self._depth:
+            raise StepInTransaction(
+                f"step {name!r} was called inside a transaction the handler opened: its record would roll "
+                "back with that transaction and the step would run again on every attempt; open the "
+                "transaction inside the step's function instead"
+            )
         self._used.add(name)
         policy = retry or self._job.retry or _default_retry()
         prior = self._ledger.get(name)
@@ -197,23 +237,41 @@ class Pass:
             exc = StepExhausted(name, prior.attempts, prior.last_error)
             self._failed_step = _StepFailure(name, prior.attempts, policy, exc)
             raise exc
+        self._hold_lease(name)
         try:
             value = fn()
             try:
                 stored = dump_result(value)
             except (TypeError, ValueError) as exc:
-                raise TypeError(
+                raise StepResultUnstorable(
                     f"step {name!r} returned {type(value).__name__}, which has no JSON form; "
                     "a step's result is stored, so return JSON-able data"
                 ) from exc
-        except Exception as exc:
-            self._record_step(name, None, attempts, _summary(exc))
+        except BaseException as exc:
+            self._record_step(name, None, attempts, storable(_summary(exc)))
             self._failed_step = _StepFailure(name, attempts, policy, exc)
             raise
         self._record_step(name, stored, attempts, None)
         # Returned through the stored form, on the first run as on a replay, so
         # resumed code never sees a different type.
         return json.loads(stored)
+
+    def _hold_lease(self, name: str) -> None:
+        """Start no step body on a lapsed lease: renew it if the claim still holds, else stop as lost (D11)."""
+        claim = self._claim
+        now = claim.now()
+        if now < claim.expires_at:
+            return
+        expiry = claim.expiry(now)
+        try:
+            held = sql.heartbeat(claim.run_id, claim.fence, expiry)
+        except TRANSIENT as exc:
+            self._store_failed = exc
+            raise
+        if not held:
+            self._lost = True
+            raise LeaseLost(f"run {claim.run_id}: the lease lapsed and was taken; step {name!r} not run")
+        claim.expires_at = expiry
 
     def _record_step(self, name: str, result: str | None, attempts: int, error: str | None) -> None:
         claim = self._claim
@@ -246,6 +304,9 @@ class Pass:
         except LeaseLost:
             self._lost = True
             raise
+        except TRANSIENT as exc:
+            self._store_failed = exc
+            raise
         if renewed:
             claim.expires_at = expiry
         self._ledger[name] = _LedgerRow(result, attempts, error)
@@ -271,14 +332,48 @@ def _default_retry() -> RetryPolicy:
     return policy
 
 
+def _check_step_name(name: Any) -> None:
+    """Refuse, before the body runs, a step name the database cannot store."""
+    if not isinstance(name, str) or not name or len(name) > 255:
+        raise InvalidStepName(f"a step name is non-empty text of at most 255 characters, got {name!r:.300}")
+    if "\x00" in name:
+        raise InvalidStepName(f"step name {name!r:.300} contains NUL, which databases cannot store")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidStepName(
+            f"step name {name!r:.300} is not valid Unicode text (a lone surrogate), which databases cannot store"
+        ) from None
+
+
+def storable(text: str, limit: int = _MAX_ERROR_CHARS) -> str:
+    """``text`` as every supported database can store it: no NUL, valid UTF-8, at most ``limit`` characters."""
+    text = text.replace("\x00", "\\x00")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    if len(text) > limit:
+        note = f"\n[... {len(text) - limit} more characters cut]"
+        text = text[: limit - len(note)] + note
+    return text
+
+
 def _summary(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    name = type(exc).__name__
+    try:
+        text = str(exc)
+    except Exception:
+        return f"{name} (its message could not be printed)"
+    return f"{name}: {text}" if text else name
 
 
 def _with_traceback(summary: str, exc: BaseException) -> str:
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return f"{summary}\n\n{tb}"[:_MAX_ERROR_CHARS]
+    try:
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    except Exception:
+        tb = ""
+    return storable(f"{summary}\n\n{tb}")
 
 
 def interpret_result(result: Any, current_cursor: str | None) -> tuple[str | None, bool]:
@@ -322,22 +417,41 @@ def run_pass(
     outcome propagates to the drive, which reports it.
     """
     p: Pass | None = None
+    if ledger is None:
+        ledger = load_ledger(run.id)  # bookkeeping: a failure here is the drive's, not the job's
     try:
-        if ledger is None:
-            ledger = load_ledger(run.id)
         p = Pass(run, job, claim, ledger)
         returned = job.handler(p)
         cursor, done = interpret_result(returned, run.cursor)
     except LeaseLost:
         return PassOutcome("lost")
-    except Exception as exc:
+    except BaseException as exc:
+        escaping = not isinstance(exc, Exception)
+        if isinstance(exc, AbandonPass):
+            raise  # as if the process died here: nothing recorded, the lease left to lapse
         if p is not None and p._lost:
+            if escaping:
+                raise
             return PassOutcome("lost")
+        if p is not None and p._store_failed is not None:
+            # The engine's own write failed (a lock, a dropped connection):
+            # nothing of this pass is charged to the job; the drive reports it.
+            if p._store_failed is exc:
+                raise
+            raise p._store_failed from exc
         if isinstance(exc, DatabaseError) and not connection.in_atomic_block and not connection.is_usable():
             # The server dropped the connection under the pass: record the
             # failure on a new one rather than losing it with the old.
             connection.close()
-        return _fail(run, job, claim, p, exc)
+        outcome = _fail(run, job, claim, p, exc)
+        if escaping:
+            # SystemExit, KeyboardInterrupt: recorded, the lease given back,
+            # and then let go, so the process can do what was asked of it.
+            raise
+        return outcome
+    finally:
+        if p is not None:
+            p._ended = True
 
     warning = None
     unused = p._unused_memos()
@@ -386,7 +500,7 @@ def run_pass(
     return PassOutcome("completed" if done else "advanced", warning=warning)
 
 
-def _fail(run: JobRun, job: Job, claim: Claim, p: Pass | None, exc: Exception) -> PassOutcome:
+def _fail(run: JobRun, job: Job, claim: Claim, p: Pass | None, exc: BaseException) -> PassOutcome:
     """Record a failed pass and give the lease back: a failed run waits out its backoff."""
     step = p._failed_step if p is not None else None
     if step is not None and step.exc is not exc:
@@ -395,11 +509,17 @@ def _fail(run: JobRun, job: Job, claim: Claim, p: Pass | None, exc: Exception) -
     attempts = max(run.attempts, 0) + 1
     policy = step.policy if step is not None else job_policy
     against = step.attempts if step is not None else attempts
-    exhausted = policy.exhausted(against)
-    if step is not None and not isinstance(exc, StepExhausted):
+    permanent = isinstance(exc, PERMANENT)
+    exhausted = permanent or policy.exhausted(against)
+    if permanent:
+        summary = f"{_summary(exc)} (not retried: retrying cannot fix this)"
+        if step is not None:
+            summary = f"step {step.step!r} failed: {summary}"
+    elif step is not None and not isinstance(exc, StepExhausted):
         summary = f"step {step.step!r} failed (attempt {step.attempts} of {policy.max_attempts}): {_summary(exc)}"
     else:
         summary = _summary(exc)
+    summary = storable(summary, 2_000)
     now = claim.now()
     fields: dict[str, Any] = {
         "attempts": attempts,
@@ -424,3 +544,32 @@ def _fail(run: JobRun, job: Job, claim: Claim, p: Pass | None, exc: Exception) -
         signals.send_after_commit(signals.run_failed, run_id=run.id, module=run.module, job=run.job,
                                   instance=run.instance, error=summary, counters=counters)
     return PassOutcome("failed" if exhausted else "retrying", error=summary)
+
+
+def fail_abandoned(run: JobRun, claim: Claim, held_by: str) -> PassOutcome:
+    """Fail a run whose silent passes used its retry policy up, without calling its handler (D10).
+
+    A run that kills its worker every time (out of memory, a segfault) is
+    never able to record a failure itself; the takeovers count for it.
+    """
+    now = claim.now()
+    summary = storable(
+        f"the pass under holder {held_by!r} stopped reporting and its lease expired, "
+        f"{run.attempts} time(s) in a row: the retry policy is exhausted (a pass that kills its worker, "
+        "or a step that outlasts the lease?)",
+        2_000,
+    )
+    written = claim.write(
+        status=Status.FAILED, ended_at=now, next_attempt_at=None, live=None, last_error=summary,
+        updated_at=now, lease_holder=None, lease_expires_at=None,
+    )
+    if not written:
+        return PassOutcome("lost")
+    logger.warning("run %s (%s.%s) failed: %s", run.id, run.module, run.job, summary)
+    try:
+        counters = decode_counters(run.counters)
+    except UndecodableRun:
+        counters = {}
+    signals.send_after_commit(signals.run_failed, run_id=run.id, module=run.module, job=run.job,
+                              instance=run.instance, error=summary, counters=counters)
+    return PassOutcome("failed", error=summary)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Mapping
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from .exceptions import AlreadyRegistered, UnknownJob
-from .retry import RetryPolicy
+from .retry import RetryPolicy, as_timedelta
 
 if TYPE_CHECKING:
     from .passes import Pass
@@ -26,11 +27,17 @@ class Job:
     a function.
     """
 
-    def __init__(self, handler: Handler, *, module: str, name: str, retry: RetryPolicy | None) -> None:
+    def __init__(
+        self, handler: Handler, *, module: str, name: str, retry: RetryPolicy | None,
+        lease: timedelta | None = None,
+    ) -> None:
         self.handler = handler
         self.module = module
         self.name = name
         self.retry = retry
+        #: This job's lease length (``None``: the drive's ``lease_ttl``). It must
+        #: outlast the job's longest step.
+        self.lease = lease
         functools.update_wrapper(self, handler)
 
     @property
@@ -60,16 +67,26 @@ def _app_label_for(module_name: str) -> str:
     return module_name.split(".")[0]
 
 
-def job(name: str | None = None, *, retry: RetryPolicy | None = None) -> Callable[[Handler], Job]:
+def job(
+    name: str | Handler | None = None, *, retry: RetryPolicy | None = None, lease: timedelta | float | None = None
+) -> Any:
     """Register a handler as a job, under ``(app label, name)``.
 
     ``name`` defaults to the function's name; the app label is that of the
-    installed app whose module defines the function. Registering a second
-    handler under a key that is taken raises :class:`AlreadyRegistered`
-    (re-executing the same definition, as a module reload does, replaces it).
+    installed app whose module defines the function. ``lease`` (a timedelta or
+    seconds) is this job's lease length, for a job whose steps outlast the
+    drive's default. Usable bare (``@job``) or called (``@job()``,
+    ``@job("name", retry=...)``). Registering a second handler under a key that
+    is taken raises :class:`AlreadyRegistered` (re-executing the same
+    definition, as a module reload does, replaces it).
     """
     if callable(name):
-        raise TypeError("use @job() or @job(\"name\"), not a bare @job")
+        return job()(name)
+    length = None
+    if lease is not None:
+        length = as_timedelta(lease)
+        if length is None or length <= timedelta(0):
+            raise ValueError(f"lease must be a positive timedelta or number of seconds, got {lease!r}")
     if name is not None and (not isinstance(name, str) or not name or "." in name or len(name) > 100):
         raise ValueError(f"job name must be non-empty text without dots, at most 100 characters; got {name!r}")
     if retry is not None and not isinstance(retry, RetryPolicy):
@@ -79,7 +96,7 @@ def job(name: str | None = None, *, retry: RetryPolicy | None = None) -> Callabl
         if not callable(handler):
             raise TypeError(f"@job decorates a callable, got {handler!r}")
         module = _app_label_for(handler.__module__)
-        entry = Job(handler, module=module, name=name or handler.__name__, retry=retry)
+        entry = Job(handler, module=module, name=name or handler.__name__, retry=retry, lease=length)
         with _lock:
             existing = _jobs.get(entry.key)
             if existing is not None and not _same_definition(existing.handler, handler):

@@ -70,12 +70,24 @@ class _Statements:
             f"{q('run_id')}, {q('step')}, {q('result')}, {q('attempts')}, {q('last_error')}, {q('recorded_at')}"
         )
         self.columns = ", ".join(q(c) for c in RUN_COLUMNS)
+        take = f"{q('lease_holder')} = %s, {q('lease_expires_at')} = %s, {q('lease_fence')} = %s "
         self.claim = (
-            f"UPDATE {run} SET {q('lease_holder')} = %s, {q('lease_expires_at')} = %s, {q('lease_fence')} = %s "
+            f"UPDATE {run} SET {take}"
             f"WHERE {q('id')} = %s AND {q('lease_fence')} = %s "
             f"AND ({q('lease_expires_at')} IS NULL OR {q('lease_expires_at')} <= %s)"
         )
         self.claim_returning = f"{self.claim} RETURNING {self.columns}"
+        # A takeover: the run's lease lapsed unreleased, so the pass that held
+        # it stopped reporting. The claim charges that pass as a failed attempt
+        # in the same statement (the charge first: MySQL evaluates SET left to
+        # right, with the values already assigned).
+        self.takeover = (
+            f"UPDATE {run} SET {q('attempts')} = {q('attempts')} + 1, {q('last_error')} = %s, "
+            f"{q('updated_at')} = %s, {take}"
+            f"WHERE {q('id')} = %s AND {q('lease_fence')} = %s "
+            f"AND {q('lease_holder')} IS NOT NULL AND {q('lease_expires_at')} <= %s"
+        )
+        self.takeover_returning = f"{self.takeover} RETURNING {self.columns}"
         # PostgreSQL returns the step ledger with the claim, as one JSON array:
         # the claim, the re-read and the ledger read in one round trip.
         self.claim_with_ledger = (
@@ -87,7 +99,7 @@ class _Statements:
         # The due read (JobRunQuerySet.due, ordered by id): a range of the
         # jobruns_due index over the runs in flight.
         due = (
-            f"SELECT {q('id')}, {q('lease_fence')}, {q('module')}, {q('job')} FROM {run} "
+            f"SELECT {q('id')}, {q('lease_fence')}, {q('module')}, {q('job')}, {q('lease_holder')} FROM {run} "
             f"WHERE {q('status')} = 'running' "
             f"AND ({q('next_attempt_at')} IS NULL OR {q('next_attempt_at')} <= %s) "
             f"AND ({q('lease_expires_at')} IS NULL OR {q('lease_expires_at')} <= %s)"
@@ -171,7 +183,9 @@ def _run_from(row: tuple[Any, ...], now: datetime, wrapper: Any, ledger: Ledger 
     return ClaimedRow(run, run.next_attempt_at is None or run.next_attempt_at <= now, ledger)
 
 
-def claim(run_id: str, fence: int, holder: str, now: datetime, expires: datetime) -> ClaimedRow | None:
+def claim(
+    run_id: str, fence: int, holder: str, now: datetime, expires: datetime, *, takeover: str | None = None
+) -> ClaimedRow | None:
     """Take the run if its fence is still ``fence`` and its lease is free; return it re-read.
 
     One conditional UPDATE sets the holder, the expiry and the new fence. The
@@ -179,9 +193,27 @@ def claim(run_id: str, fence: int, holder: str, now: datetime, expires: datetime
     of band since that read is claimed, found not running or not due, and given
     back as stale. Where the database can, the UPDATE returns the row as the
     claim left it; elsewhere it is read back at once.
+
+    ``takeover`` (the error to record) says the due read saw the lease held and
+    lapsed: the claim then also charges the silent pass as a failed attempt,
+    and the ledger is read by a statement of its own, after the claim. Read in
+    the claim's statement it would come from that statement's snapshot, which
+    on PostgreSQL can predate a memo the old holder committed while the claim
+    waited for the row.
     """
     wrapper, st = _db()
     at = wrapper.ops.adapt_datetimefield_value
+    if takeover is not None:
+        params = [takeover, at(now), holder, at(expires), fence + 1, run_id, fence, at(now)]
+        with wrapper.cursor() as cur:
+            if st.returning:
+                cur.execute(st.takeover_returning, params)
+                row = cur.fetchone()
+                return _run_from(row, now, wrapper) if row is not None else None
+            cur.execute(st.takeover, params)
+            if cur.rowcount != 1:
+                return None
+        return read_run(run_id, now)
     params = [holder, at(expires), fence + 1, run_id, fence, at(now)]
     with wrapper.cursor() as cur:
         if st.ctes:
@@ -211,7 +243,7 @@ def read_run(run_id: str, now: datetime) -> ClaimedRow | None:
     return _run_from(row, now, wrapper) if row is not None else None
 
 
-def due(now: datetime, after: str, limit: int) -> list[tuple[str, int, str, str]]:
+def due(now: datetime, after: str, limit: int) -> list[tuple[str, int, str, str, str | None]]:
     """Up to ``limit`` due runs with ids above ``after`` (all, if empty), oldest first."""
     wrapper, st = _db()
     at = wrapper.ops.adapt_datetimefield_value(now)
@@ -240,8 +272,16 @@ def heartbeat(run_id: str, fence: int, expires: datetime) -> bool:
 
 
 def read_checks_fence() -> bool:
-    """Whether a read of the fence inside a write transaction is as good as a locking write (SQLite)."""
-    return bool(_db()[1].read_checks_fence)
+    """Whether a read of the fence inside a write transaction is as good as a locking write.
+
+    SQLite under ``transaction_mode="IMMEDIATE"`` only: there the transaction
+    holds the write lock from BEGIN. Under the DEFERRED mode a fresh project
+    has, a transaction that reads first and writes later cannot wait for the
+    lock when another connection wrote meanwhile (``database is locked`` at
+    once, whatever the timeout), so the engine's transactions write first.
+    """
+    wrapper, st = _db()
+    return bool(st.read_checks_fence and getattr(wrapper, "transaction_mode", None) in ("IMMEDIATE", "EXCLUSIVE"))
 
 
 def _adapted(wrapper: Any, fields: dict[str, Any]) -> list[Any]:

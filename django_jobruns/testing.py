@@ -62,11 +62,12 @@ def drive_to_completion(
     return current
 
 
-class SimulatedCrash(BaseException):
+class SimulatedCrash(passes.AbandonPass):
     """Raised after a step's memo committed, as if the process died there.
 
     A BaseException, so neither the drive nor a handler's ``except Exception``
-    can swallow it: the pass is abandoned exactly as a killed worker's is.
+    can swallow it: the pass is abandoned exactly as a killed worker's is (its
+    lease lapses, and the takeover charges it).
     """
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -131,3 +132,17 @@ def outside_state(p: Any) -> dict[str, Any]:
     p.step("work", lambda: 1)
     p.step("more", lambda: 2)
     return {"cursor": STATE["calls"], "done": True}
+
+
+@job(retry=FAST_RETRY)
+def suicidal(p: Any) -> dict[str, Any]:
+    """A pass that kills its own worker process (as an out-of-memory kill would), every time."""
+    log = p.payload["log"]
+    p.step("before", lambda: effect(log, p.run.id, "before"))
+
+    def die() -> None:
+        effect(log, p.run.id, "die")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    p.step("die", die)
+    return {"done": True}

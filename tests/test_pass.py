@@ -239,9 +239,10 @@ def test_p6_second_step_under_one_name_is_refused(behaviour, clock):
     run = start(behaviour, "p6", handler)
     report = drive(clock)
     assert caught and caught[0].reason == "job_step_reused" and "'same'" in str(caught[0])
-    assert report.retrying == 1
+    # A contract violation: retrying runs the same code again, so the run fails at once (P10).
+    assert report.failed == 1 and report.retrying == 0
     run.refresh_from_db()
-    assert "job_step_reused" in run.last_error
+    assert "job_step_reused" in run.last_error and run.status == Status.FAILED and run.attempts == 1
 
 
 @pytest.mark.parametrize(
@@ -305,7 +306,7 @@ def test_handler_result_missing_cursor_keeps_it_and_none_resets_it(behaviour, cl
     [({"cusor": 3}, r"'cusor' \(did you mean 'cursor'\?\)"), ({"done": "yes"}, "'done' must be True or False"),
      ([1], "returns None or a mapping"), ({"cursor": {1, 2}}, "cursor.*is a set")],
 )
-def test_bad_handler_result_is_a_failed_pass_that_keeps_the_cursor(behaviour, clock, result, message):
+def test_bad_handler_result_fails_the_run_at_once_and_keeps_the_cursor(behaviour, clock, result, message):
     import re
 
     behaviour["typo"] = lambda p: result
@@ -313,8 +314,9 @@ def test_bad_handler_result_is_a_failed_pass_that_keeps_the_cursor(behaviour, cl
     JobRun.objects.filter(pk=run.pk).update(cursor='"kept"')
     report = drive(clock)
     run.refresh_from_db()
-    assert report.retrying == 1
+    assert report.failed == 1 and report.retrying == 0 and run.status == Status.FAILED
     assert re.search(message, report.errors[0][1]), report.errors[0][1]
+    assert "not retried" in run.last_error
     assert run.cursor == '"kept"'
 
 
@@ -361,7 +363,7 @@ def test_step_result_without_a_json_form_fails_the_step_with_a_clear_message(beh
 
     run = start(behaviour, "nojson", handler)
     report = drive(clock)
-    assert report.retrying == 1
+    assert report.failed == 1 and report.retrying == 0
     assert "step 'odd' returned object, which has no JSON form" in report.errors[0][1]
     step = JobStep.objects.get(run=run, step="odd")
     assert step.result is None and step.attempts == 1

@@ -99,8 +99,8 @@ def test_q1_unsafe_cursor_is_refused_at_commit(behaviour):
     run, _ = start_job_run("tests.scripted", instance="cur")
     report = run_due_jobs()
     run.refresh_from_db()
-    assert report.retrying == 1 and "cursor.when" in report.errors[0][1]
-    assert run.cursor is None
+    assert report.failed == 1 and "cursor.when" in report.errors[0][1]
+    assert run.cursor is None and run.status == "failed"
 
 
 @pytest.mark.django_db
@@ -155,4 +155,4 @@ def test_a_cursor_over_the_size_cap_fails_the_pass(settings, behaviour):
     run, _ = start_job_run("tests.scripted", instance="bigcursor")
     report = run_due_jobs()
     run.refresh_from_db()
-    assert report.retrying == 1 and "cursor is 202 bytes as JSON" in report.errors[0][1] and run.cursor is None
+    assert report.failed == 1 and "cursor is 202 bytes as JSON" in report.errors[0][1] and run.cursor is None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from django_jobruns import job
@@ -37,9 +39,28 @@ def test_registering_a_key_twice_is_an_error():
         unregister("tests.twice")
 
 
+def test_job_is_usable_bare_and_takes_a_lease():
+    @job
+    def bare_job(p):
+        return {"done": True}
+
+    @job(lease=1800)
+    def long_steps(p):
+        return {"done": True}
+
+    try:
+        assert get_job("tests.bare_job") is bare_job and bare_job.lease is None
+        assert long_steps.lease == timedelta(minutes=30)
+    finally:
+        unregister("tests.bare_job")
+        unregister("tests.long_steps")
+
+
 def test_bad_registrations_are_refused():
-    with pytest.raises(TypeError, match="not a bare @job"):
-        job(lambda p: None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="lease must be a positive"):
+        job(lease=0)
+    with pytest.raises(ValueError, match="lease must be a positive"):
+        job(lease=float("inf"))
     with pytest.raises(ValueError, match="without dots"):
         job("a.b")
     with pytest.raises(TypeError, match="RetryPolicy"):
