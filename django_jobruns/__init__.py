@@ -3,12 +3,14 @@
 The public API::
 
     from django_jobruns import job, start_job_run, restart_job_run, run_due_jobs, job_runs, RetryPolicy
+    from django_jobruns import cancel_job_run, pause_job_run, unpause_job_run, retry_job_run_now, GiveUp
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .exceptions import GiveUp
 from .registry import job
 from .retry import RetryPolicy
 
@@ -17,17 +19,23 @@ if TYPE_CHECKING:
     from .passes import Pass
     from .records import JobRunRecord, job_runs
     from .starts import restart_job_run, start_job_run
+    from .steering import cancel_job_run, pause_job_run, retry_job_run_now, unpause_job_run
 
 __all__ = [
     "DriveReport",
+    "GiveUp",
     "JobRunRecord",
     "Pass",
     "RetryPolicy",
+    "cancel_job_run",
     "job",
     "job_runs",
+    "pause_job_run",
     "restart_job_run",
+    "retry_job_run_now",
     "run_due_jobs",
     "start_job_run",
+    "unpause_job_run",
 ]
 
 # These need the models, which cannot be imported before the app registry is
@@ -40,6 +48,10 @@ _LAZY = {
     "JobRunRecord": "records",
     "start_job_run": "starts",
     "restart_job_run": "starts",
+    "cancel_job_run": "steering",
+    "pause_job_run": "steering",
+    "unpause_job_run": "steering",
+    "retry_job_run_now": "steering",
 }
 
 

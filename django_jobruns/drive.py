@@ -378,6 +378,8 @@ class _Drive:
                     self.report.add("lost")
                     released = True
                     break
+                if not fresh.due:
+                    break  # paused by an operator meanwhile: give it back (in ``finally``)
                 run = fresh.run
                 ledger = {}  # the commit dropped it
         except Exception as exc:

@@ -77,7 +77,12 @@ class StepExhausted(JobRunsError):
 
 
 class NotRestartable(JobRunsError, ValueError):
-    """Only a failed run can be restarted as a new run."""
+    """Only a failed run can be restarted as a new run, and only once.
+
+    ``successor`` is the id of the run it was already restarted as, if that is why.
+    """
+
+    successor: str | None = None
 
 
 class LeaseLost(JobRunsError):

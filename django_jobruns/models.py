@@ -25,6 +25,12 @@ class Status(models.TextChoices):
     """Finished: the handler said ``done``."""
     FAILED = "failed", "failed"
     """Given up: a retry policy was exhausted; the last ledger is kept as evidence."""
+    CANCELLED = "cancelled", "cancelled"
+    """Stopped by an operator (``cancel_job_run``): terminal, the key freed, record and ledger kept."""
+
+
+#: The statuses a run ends in: ``ended_at`` stamped, the live key freed.
+TERMINAL = (Status.DONE, Status.FAILED, Status.CANCELLED)
 
 
 class JobRunQuerySet(models.QuerySet["JobRun"]):
@@ -33,14 +39,14 @@ class JobRunQuerySet(models.QuerySet["JobRun"]):
         return self.filter(status=Status.RUNNING)
 
     def finished(self) -> JobRunQuerySet:
-        """Runs that reached ``done`` or ``failed``."""
-        return self.filter(status__in=(Status.DONE, Status.FAILED))
+        """Runs that reached ``done``, ``failed`` or ``cancelled``."""
+        return self.filter(status__in=TERMINAL)
 
     def for_key(self, module: str, job: str, instance: str) -> JobRunQuerySet:
         return self.filter(module=module, job=job, instance=instance)
 
     def due(self, now: datetime) -> JobRunQuerySet:
-        """Running runs whose backoff has passed and whose lease is free.
+        """Running, unpaused runs whose backoff has passed and whose lease is free.
 
         Read in ``id`` order (oldest first). The ``jobruns_due`` index leads with
         ``status`` and then ``id``, so the read is a range of it in the order
@@ -51,6 +57,7 @@ class JobRunQuerySet(models.QuerySet["JobRun"]):
             Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now),
             Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now),
             status=Status.RUNNING,
+            paused_at__isnull=True,
         )
 
 
@@ -80,6 +87,8 @@ class JobRun(models.Model):
     updated_at = models.DateTimeField()
     next_attempt_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
+    #: Set while an operator holds the run (``pause_job_run``): not due, key kept.
+    paused_at = models.DateTimeField(null=True, blank=True)
     lease_holder = models.CharField(max_length=255, null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     lease_fence = models.BigIntegerField(default=0)
@@ -91,9 +100,18 @@ class JobRun(models.Model):
 
     class Meta:
         verbose_name = "job run"
-        permissions = [("restart_jobrun", "Can restart or resume a failed job run as a new run")]
+        permissions = [
+            ("restart_jobrun", "Can restart or resume a failed job run as a new run"),
+            ("steer_jobrun", "Can cancel, pause, unpause or retry now a live job run"),
+        ]
         constraints = [
             models.UniqueConstraint(fields=["module", "job", "instance", "live"], name="jobruns_one_live_run"),
+            # The live key and the status say the same thing, always: a run
+            # occupies its key exactly while it is running.
+            models.CheckConstraint(
+                condition=Q(status=Status.RUNNING, live=True) | (~Q(status=Status.RUNNING) & Q(live__isnull=True)),
+                name="jobruns_live_iff_running",
+            ),
         ]
         indexes = [
             models.Index(fields=["status", "id", "next_attempt_at"], name="jobruns_due"),

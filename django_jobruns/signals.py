@@ -5,7 +5,8 @@ Each is sent with ``sender=JobRun`` and keyword arguments ``run_id``, ``module``
 
 - ``pass_committed``: ``cursor`` and ``counters`` (decoded) and ``done``;
 - ``run_completed``: ``cursor`` and ``counters``;
-- ``run_failed``: ``error`` (the last error's first line) and ``counters``.
+- ``run_failed``: ``error`` (the last error's first line) and ``counters``;
+- ``run_cancelled``: ``reason`` (as given to ``cancel_job_run``).
 
 Receivers run in the worker, after the commit (inside a caller's transaction,
 on its commit). A receiver that raises is logged and does not disturb the drive.
@@ -32,6 +33,18 @@ logger = logging.getLogger("django_jobruns")
 pass_committed = Signal()
 run_completed = Signal()
 run_failed = Signal()
+run_cancelled = Signal()
+
+
+def notify_due() -> None:
+    """Tell waiting drives that a run became due (on commit, if in a transaction).
+
+    On PostgreSQL a ``NOTIFY`` on the ``django_jobruns`` channel wakes drives
+    waiting with a time budget; elsewhere they poll, and this does nothing.
+    """
+    from . import waiting
+
+    waiting.notify()
 
 
 def send_after_commit(signal: Signal, **kwargs: Any) -> None:

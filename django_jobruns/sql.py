@@ -25,7 +25,7 @@ from .models import JobRun, JobStep
 
 RUN_COLUMNS = (
     "id", "module", "job", "instance", "payload", "status", "cursor", "counters", "attempts", "lease_fence",
-    "next_attempt_at",
+    "next_attempt_at", "paused_at",
 )
 
 
@@ -100,7 +100,7 @@ class _Statements:
         # jobruns_due index over the runs in flight.
         due = (
             f"SELECT {q('id')}, {q('lease_fence')}, {q('module')}, {q('job')}, {q('lease_holder')} FROM {run} "
-            f"WHERE {q('status')} = 'running' "
+            f"WHERE {q('status')} = 'running' AND {q('paused_at')} IS NULL "
             f"AND ({q('next_attempt_at')} IS NULL OR {q('next_attempt_at')} <= %s) "
             f"AND ({q('lease_expires_at')} IS NULL OR {q('lease_expires_at')} <= %s)"
         )
@@ -179,8 +179,10 @@ def _run_from(row: tuple[Any, ...], now: datetime, wrapper: Any, ledger: Ledger 
     # "column IS NULL" wrongly, and the clock is the worker's either way.
     values = dict(zip(RUN_COLUMNS, row, strict=False))
     values["next_attempt_at"] = _datetime(values["next_attempt_at"], wrapper)
+    values["paused_at"] = _datetime(values["paused_at"], wrapper)
     run = JobRun(**values)
-    return ClaimedRow(run, run.next_attempt_at is None or run.next_attempt_at <= now, ledger)
+    due = run.paused_at is None and (run.next_attempt_at is None or run.next_attempt_at <= now)
+    return ClaimedRow(run, due, ledger)
 
 
 def claim(

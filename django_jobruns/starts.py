@@ -12,6 +12,7 @@ from .exceptions import JobRunsError, NotRestartable
 from .models import JobRun, Status
 from .queue_safety import dump_queue_safe
 from .registry import Job, get_job
+from .signals import notify_due
 
 # How many times an insert may collide with a live run that finishes before it
 # can be read. Each retry needs another run to start and finish in between.
@@ -62,7 +63,10 @@ def start_job_run(job: Job | str, *, instance: str = "default", payload: Any = N
         return JobRun(module=entry.module, job=entry.name, instance=instance, payload=text,
                       started_at=now, updated_at=now)
 
-    return _start_or_join(build)
+    run, created = _start_or_join(build)
+    if created:
+        notify_due()
+    return run, created
 
 
 def restart_job_run(run: JobRun | str, *, resume: bool = False) -> tuple[JobRun, bool]:
@@ -71,7 +75,9 @@ def restart_job_run(run: JobRun | str, *, resume: bool = False) -> tuple[JobRun,
     The new run has its own id and ledger and records ``restarted_from``. With
     ``resume=True`` it carries the failed run's last committed cursor and
     counters; otherwise it starts from the beginning. A live run for the key is
-    joined instead (``created`` False). Refuses a run that is not failed.
+    joined instead (``created`` False). Refuses a run that is not failed, and a
+    failed run already restarted or resumed once (naming its successor): a
+    second restart would repeat what the successor did.
     """
     run_id = run.pk if isinstance(run, JobRun) else run
     current = JobRun.objects.filter(pk=run_id).first()
@@ -81,6 +87,14 @@ def restart_job_run(run: JobRun | str, *, resume: bool = False) -> tuple[JobRun,
         raise NotRestartable(
             f"run {current.id} is {current.status}; only a failed run can be restarted as a new run"
         )
+    successor = JobRun.objects.filter(restarted_from=current).order_by("id").values_list("id", flat=True).first()
+    if successor is not None:
+        # At most once: a second restart would repeat the work its successor did.
+        refused = NotRestartable(
+            f"run {current.id} was already restarted as run {successor}; restart that one if it failed"
+        )
+        refused.successor = successor
+        raise refused
 
     def build() -> JobRun:
         now = timezone.now()
@@ -90,4 +104,7 @@ def restart_job_run(run: JobRun | str, *, resume: bool = False) -> tuple[JobRun,
             restarted_from=current, started_at=now, updated_at=now,
         )
 
-    return _start_or_join(build)
+    run, created = _start_or_join(build)
+    if created:
+        notify_due()
+    return run, created

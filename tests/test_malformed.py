@@ -26,7 +26,7 @@ CORRUPTIONS = [
     ("counters are not an object", {"counters": "[1, 2]"}, "failed pass", "not a JSON object"),
     ("a counter is not a number", {"counters": '{"steps": "three"}'}, "failed pass", "not a finite number"),
     ("a counter is NaN", {"counters": '{"steps": NaN}'}, "failed pass", "not a finite number"),
-    ("status the app does not know", {"status": "paused"}, "stepped over", None),
+    ("status the app does not know", {"status": "archived", "live": None}, "stepped over", None),
     ("negative attempts", {"attempts": -4}, "advances", None),
     ("negative fence", {"lease_fence": -9}, "advances", None),
     ("lease held far into the future", {"lease_holder": "ghost", "lease_expires_at": FAR}, "stepped over", None),

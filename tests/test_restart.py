@@ -61,10 +61,10 @@ def test_restart_joins_a_live_run_for_the_key(behaviour, clock):
     assert not created and joined.pk == live.pk and joined.restarted_from_id is None
 
 
-@pytest.mark.parametrize("status", [Status.RUNNING, Status.DONE])
+@pytest.mark.parametrize("status", [Status.RUNNING, Status.DONE, Status.CANCELLED])
 def test_restart_refuses_a_run_that_is_not_failed(status):
     run, _ = start_job_run("tests.walk", instance="nf")
-    JobRun.objects.filter(pk=run.pk).update(status=status)
+    JobRun.objects.filter(pk=run.pk).update(status=status, live=True if status == Status.RUNNING else None)
     before = JobRun.objects.count()
     with pytest.raises(NotRestartable, match=f"is {status}; only a failed run"):
         restart_job_run(run)
