@@ -18,6 +18,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
+from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
@@ -28,8 +29,28 @@ from .exceptions import JobRunsError
 from .models import JobRun, JobStep, Status
 from .registry import registered_jobs
 from .starts import restart_job_run
+from .steering import cancel_job_run, pause_job_run, retry_job_run_now, unpause_job_run
 
 RESTART_PERMISSION = "django_jobruns.restart_jobrun"
+STEER_PERMISSION = "django_jobruns.steer_jobrun"
+
+#: The steering verbs: (label of the button, past tense for the message, function).
+STEERING: dict[str, tuple[str, str, Any]] = {
+    "cancel": ("Cancel", "Cancelled", cancel_job_run),
+    "pause": ("Pause", "Paused", pause_job_run),
+    "unpause": ("Unpause", "Unpaused", unpause_job_run),
+    "retry_now": ("Retry now", "Made due now", retry_job_run_now),
+}
+
+
+def steering_verbs(run: JobRun, now: Any) -> list[str]:
+    """The verbs that apply to ``run`` as it is: what its buttons offer."""
+    if run.status != Status.RUNNING:
+        return []
+    verbs = ["unpause" if run.paused_at is not None else "pause", "cancel"]
+    if run.next_attempt_at is not None and run.next_attempt_at > now:
+        verbs.insert(0, "retry_now")
+    return verbs
 
 # Generic for the type checker only: Django's admin classes are not subscriptable at run time.
 if TYPE_CHECKING:
@@ -155,7 +176,7 @@ class JobRunAdmin(_AdminBase):
     change_form_template = "admin/django_jobruns/jobrun/change_form.html"
     list_display = (
         "id", "key", "status_badge", "progress", "attempts", "next_attempt_at",
-        "lease_holder", "lease_expires_at", "started_at", "ended_at",
+        "lease_holder", "lease_state", "started_at", "ended_at",
     )
     list_filter = (
         "status",
@@ -172,18 +193,21 @@ class JobRunAdmin(_AdminBase):
     show_full_result_count = False
     paginator = EstimatedCountPaginator
     inlines = [JobStepInline]
-    actions = ["restart_selected", "resume_selected"]
+    actions = [
+        "restart_selected", "resume_selected", "cancel_selected", "pause_selected", "unpause_selected",
+        "retry_now_selected",
+    ]
     fieldsets = (
         (None, {"fields": ("id", "key", "status_badge", "progress", "started_at", "updated_at", "ended_at")}),
         ("Retry", {"fields": ("attempts", "next_attempt_at", "last_error_display", "last_warning")}),
         ("Data", {"fields": ("payload_display", "cursor_display", "counters_display")}),
-        ("Lease", {"fields": ("lease_holder", "lease_expires_at", "lease_fence")}),
+        ("Lease", {"fields": ("lease_holder", "lease_state", "lease_expires_at", "lease_fence")}),
         ("Lineage", {"fields": ("restarted_from_link", "restarts_links")}),
     )
     readonly_fields = (
         "id", "key", "status_badge", "progress", "started_at", "updated_at", "ended_at", "attempts",
         "next_attempt_at", "last_error_display", "last_warning", "payload_display", "cursor_display",
-        "counters_display", "lease_holder", "lease_expires_at", "lease_fence", "restarted_from_link",
+        "counters_display", "lease_holder", "lease_state", "lease_expires_at", "lease_fence", "restarted_from_link",
         "restarts_links",
     )
 
@@ -195,7 +219,21 @@ class JobRunAdmin(_AdminBase):
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, obj: JobRun) -> SafeString:
+        if obj.status == Status.RUNNING and obj.paused_at is not None:
+            return format_html('<span class="jobruns-status jobruns-status-paused" title="paused at {}">{}</span>',
+                               obj.paused_at, "running (paused)")
         return format_html('<span class="jobruns-status jobruns-status-{}">{}</span>', obj.status, obj.status)
+
+    @admin.display(description="lease", ordering="lease_expires_at")
+    def lease_state(self, obj: JobRun) -> SafeString:
+        """Whether the lease is held, or lapsed: a holder that stopped reporting (a killed worker)."""
+        if obj.lease_holder is None or obj.lease_expires_at is None:
+            return format_html("{}", "—")
+        if obj.lease_expires_at <= timezone.now():
+            return format_html(
+                '<span class="jobruns-lease-lapsed" title="the holder stopped reporting; the next drive takes '
+                'the run over and counts that pass as a failed attempt">lapsed at {}</span>', obj.lease_expires_at)
+        return format_html('<span class="jobruns-lease-held">held until {}</span>', obj.lease_expires_at)
 
     @admin.display(description="progress")
     def progress(self, obj: JobRun) -> SafeString | str:
@@ -246,18 +284,82 @@ class JobRunAdmin(_AdminBase):
     def has_restart_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.has_perm(RESTART_PERMISSION))
 
+    def has_steer_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm(STEER_PERMISSION))
+
     # -- restart and resume ----------------------------------------------------
 
     def get_urls(self) -> list[Any]:
         restart = self.admin_site.admin_view(require_POST(self.restart_view))
-        return [path("<path:object_id>/restart/", restart, name="django_jobruns_jobrun_restart"), *super().get_urls()]
+        steer = self.admin_site.admin_view(require_POST(self.steer_view))
+        return [
+            path("<path:object_id>/restart/", restart, name="django_jobruns_jobrun_restart"),
+            path("<path:object_id>/steer/", steer, name="django_jobruns_jobrun_steer"),
+            *super().get_urls(),
+        ]
 
     def render_change_form(self, request: HttpRequest, context: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
         obj = kwargs.get("obj")
         context["can_restart"] = (
             obj is not None and obj.status == Status.FAILED and self.has_restart_permission(request)
+            and not obj.restarts.exists()
         )
+        verbs = steering_verbs(obj, timezone.now()) if obj is not None and self.has_steer_permission(request) else []
+        context["steering"] = [(verb, STEERING[verb][0]) for verb in verbs]
         return super().render_change_form(request, context, *args, **kwargs)
+
+    def steer_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """Cancel, pause, unpause or retry now: POST only, CSRF-checked, permission-checked here."""
+        if not self.has_steer_permission(request):
+            raise PermissionDenied
+        run = get_object_or_404(JobRun, pk=object_id)
+        verb = request.POST.get("verb", "")
+        if verb not in STEERING:
+            self.message_user(request, f"Unknown action {verb!r:.50}.", messages.ERROR)
+        else:
+            self._steer(request, run, verb, reason=request.POST.get("reason", "")[:1000])
+        return HttpResponseRedirect(_change_url(run.pk))
+
+    def _steer(self, request: HttpRequest, run: JobRun, verb: str, *, reason: str = "") -> bool:
+        label, done, act = STEERING[verb]
+        try:
+            if verb == "cancel":
+                act(run, reason=reason or f"by {request.user.get_username()} in the admin")
+            else:
+                act(run)
+        except JobRunsError as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+            return False
+        self.log_change(request, run, f"{done} from the admin")
+        self.message_user(request, f"{done} run {run.pk}.", messages.SUCCESS)
+        return True
+
+    def _steer_selected(self, request: HttpRequest, queryset: QuerySet[JobRun], verb: str) -> None:
+        runs = list(queryset.order_by("id"))
+        now = timezone.now()
+        skipped = [run.pk for run in runs if verb not in steering_verbs(run, now)]
+        if skipped:
+            self.message_user(request, f"Skipped {len(skipped)} run(s) to which {STEERING[verb][0]!r} does not "
+                                       f"apply: {', '.join(skipped)}", messages.WARNING)
+        for run in runs:
+            if run.pk not in skipped:
+                self._steer(request, run, verb)
+
+    @admin.action(description="Cancel selected live runs", permissions=["steer"])
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> None:
+        self._steer_selected(request, queryset, "cancel")
+
+    @admin.action(description="Pause selected live runs", permissions=["steer"])
+    def pause_selected(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> None:
+        self._steer_selected(request, queryset, "pause")
+
+    @admin.action(description="Unpause selected paused runs", permissions=["steer"])
+    def unpause_selected(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> None:
+        self._steer_selected(request, queryset, "unpause")
+
+    @admin.action(description="Retry selected runs now (skip their backoff)", permissions=["steer"])
+    def retry_now_selected(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> None:
+        self._steer_selected(request, queryset, "retry_now")
 
     def restart_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """POST only (require_POST), CSRF-checked (admin_view), permission-checked here."""

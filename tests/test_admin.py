@@ -262,3 +262,80 @@ def test_a1_large_unfiltered_changelist_pages_by_estimate_not_count(admin_client
     with CaptureQueriesContext(connection) as ctx:
         admin_client.get(reverse(CHANGELIST), {"q": "e1"})
     assert any(q["sql"].upper().startswith("SELECT COUNT(") for q in ctx.captured_queries), "filtered: counted exactly"
+
+
+def steer_url(run):
+    return reverse("admin:django_jobruns_jobrun_steer", args=[run.pk])
+
+
+def test_steering_buttons_appear_where_they_apply(admin_client):
+    live = make_run("live-btn")
+    page = admin_client.get(change_url(live)).content.decode()
+    assert 'id="jobruns-pause"' in page and 'id="jobruns-cancel"' in page
+    assert 'id="jobruns-unpause"' not in page and 'id="jobruns-retry_now"' not in page
+    waiting = make_run("waiting-btn", next_attempt_at=timezone.now() + timezone.timedelta(minutes=5))
+    assert 'id="jobruns-retry_now"' in admin_client.get(change_url(waiting)).content.decode()
+    paused = make_run("paused-btn", paused_at=timezone.now())
+    page = admin_client.get(change_url(paused)).content.decode()
+    assert 'id="jobruns-unpause"' in page and 'id="jobruns-pause"' not in page and "running (paused)" in page
+    page = admin_client.get(change_url(failed_run("failed-btn"))).content.decode()
+    assert 'id="jobruns-cancel"' not in page and 'id="jobruns-pause"' not in page
+
+
+@pytest.mark.parametrize("verb, check", [
+    ("cancel", lambda run: run.status == Status.CANCELLED and run.live is None and "in the admin" in run.last_error),
+    ("pause", lambda run: run.paused_at is not None),
+    ("retry_now", lambda run: run.next_attempt_at is None),
+])
+def test_a_steering_button_acts_logs_and_says_so(admin_client, verb, check):
+    run = make_run(f"steer-{verb}", next_attempt_at=timezone.now() + timezone.timedelta(minutes=5))
+    response = admin_client.post(steer_url(run), {"verb": verb}, follow=True)
+    run.refresh_from_db()
+    assert check(run)
+    assert any(f"run {run.pk}" in str(m) for m in response.context["messages"])
+    assert LogEntry.objects.filter(object_id=run.pk).exists()
+
+
+def test_steering_is_post_only_permission_checked_and_refuses_finished_runs(client, admin_client):
+    run = make_run("perm")
+    assert admin_client.get(steer_url(run)).status_code == 405
+    viewer = user_with("view_jobrun", username="viewer")
+    assert 'id="jobruns-cancel"' not in viewer.get(change_url(run)).content.decode()
+    assert viewer.post(steer_url(run), {"verb": "cancel"}).status_code == 403
+    run.refresh_from_db()
+    assert run.status == Status.RUNNING
+    operator = user_with("view_jobrun", "steer_jobrun", username="oncall")
+    assert operator.post(steer_url(run), {"verb": "pause"}).status_code == 302
+    done = make_run("finished", status=Status.DONE)
+    response = admin_client.post(steer_url(done), {"verb": "cancel"}, follow=True)
+    assert any("only a live run can be cancelled" in str(m) for m in response.context["messages"])
+
+
+def test_bulk_steering_acts_on_the_runs_it_applies_to_and_skips_the_others(admin_client):
+    live = [make_run(f"bulk-{n}") for n in range(2)]
+    done = make_run("bulk-done", status=Status.DONE)
+    response = admin_client.post(reverse(CHANGELIST), {
+        "action": "pause_selected", "_selected_action": [r.pk for r in [*live, done]],
+    }, follow=True)
+    assert all(JobRun.objects.get(pk=r.pk).paused_at is not None for r in live)
+    assert any("Skipped 1 run(s)" in str(m) and done.pk in str(m) for m in response.context["messages"])
+    admin_client.post(reverse(CHANGELIST), {"action": "cancel_selected", "_selected_action": [r.pk for r in live]})
+    assert all(JobRun.objects.get(pk=r.pk).status == Status.CANCELLED for r in live)
+
+
+def test_a_lapsed_lease_is_shown_as_such(admin_client):
+    run = make_run("lapsed", lease_holder="dead-host:1:ab", lease_expires_at=timezone.now() - timezone.timedelta(1))
+    held = make_run("held", lease_holder="live-host:2:cd", lease_expires_at=timezone.now() + timezone.timedelta(1))
+    listing = admin_client.get(reverse(CHANGELIST)).content.decode()
+    assert listing.count('class="jobruns-lease-lapsed"') == 1 and listing.count('class="jobruns-lease-held"') == 1
+    assert "lapsed at" in admin_client.get(change_url(run)).content.decode()
+    assert "held until" in admin_client.get(change_url(held)).content.decode()
+
+
+def test_a_restarted_run_offers_no_second_restart(admin_client):
+    old = failed_run("once")
+    admin_client.post(restart_url(old), {"resume": "1"})
+    assert 'id="jobruns-restart"' not in admin_client.get(change_url(old)).content.decode()
+    response = admin_client.post(restart_url(old), {"resume": "0"}, follow=True)
+    assert any("already restarted as run" in str(m) for m in response.context["messages"])
+    assert JobRun.objects.filter(restarted_from=old).count() == 1

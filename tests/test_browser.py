@@ -101,3 +101,33 @@ def test_operator_filters_to_failed_runs_and_restarts_one(browser, live_server, 
     new = JobRun.objects.get(restarted_from=failed)
     assert browser.current_url.endswith(f"/admin/django_jobruns/jobrun/{new.pk}/change/")
     assert new.status == Status.RUNNING and new.cursor is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_operator_pauses_unpauses_and_cancels_a_running_run(browser, live_server, screenshots):
+    from selenium.webdriver.common.by import By
+
+    User.objects.create_superuser("admin", password="jobruns-demo")
+    _seed()
+    running = JobRun.objects.get(instance="supplier-3")
+
+    browser.get(f"{live_server.url}/admin/login/?next=/admin/django_jobruns/jobrun/{running.pk}/change/")
+    browser.find_element(By.NAME, "username").send_keys("admin")
+    browser.find_element(By.NAME, "password").send_keys("jobruns-demo")
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+
+    browser.find_element(By.ID, "jobruns-pause").click()
+    assert f"Paused run {running.pk}" in browser.find_element(By.CSS_SELECTOR, "ul.messagelist li.success").text
+    assert "running (paused)" in browser.find_element(By.CSS_SELECTOR, ".field-status_badge").text
+    assert JobRun.objects.get(pk=running.pk).paused_at is not None
+    browser.save_screenshot(str(screenshots / "paused.png"))
+
+    browser.find_element(By.ID, "jobruns-unpause").click()
+    assert f"Unpaused run {running.pk}" in browser.find_element(By.CSS_SELECTOR, "ul.messagelist li.success").text
+    assert JobRun.objects.get(pk=running.pk).paused_at is None
+
+    browser.find_element(By.ID, "jobruns-cancel").click()
+    assert f"Cancelled run {running.pk}" in browser.find_element(By.CSS_SELECTOR, "ul.messagelist li.success").text
+    cancelled = JobRun.objects.get(pk=running.pk)
+    assert cancelled.status == Status.CANCELLED and "admin" in cancelled.last_error
+    assert not browser.find_elements(By.ID, "jobruns-cancel"), "a finished run offers no steering"
