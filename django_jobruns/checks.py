@@ -10,7 +10,7 @@ from django.core import checks
 
 @checks.register(checks.Tags.database, checks.Tags.compatibility)
 def check_sqlite_transaction_mode(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """jobruns.W001: SQLite without IMMEDIATE transactions fails under several workers."""
+    """jobruns.W001: SQLite without IMMEDIATE transactions: correct, but slower under several workers."""
     return sqlite_transaction_mode_warnings(settings.DATABASES)
 
 
@@ -25,10 +25,13 @@ def sqlite_transaction_mode_warnings(databases: dict[str, Any]) -> list[checks.C
                 checks.Warning(
                     f"The SQLite database {alias!r} does not use transaction_mode='IMMEDIATE'.",
                     hint=(
-                        "With more than one worker, a transaction that reads before it writes fails with "
-                        "'database is locked' under SQLite's default DEFERRED mode. Set "
-                        f"DATABASES[{alias!r}]['OPTIONS']['transaction_mode'] = 'IMMEDIATE'; WAL mode "
-                        "(init_command 'PRAGMA journal_mode=WAL') is recommended too."
+                        "django-jobruns is correct under SQLite's default DEFERRED mode (its transactions "
+                        "write first, so they wait for the lock instead of failing), but each step then "
+                        "writes the lease as well. For throughput with several workers, set "
+                        f"DATABASES[{alias!r}]['OPTIONS']['transaction_mode'] = 'IMMEDIATE', a 'timeout' of "
+                        "20 or more, and WAL mode (init_command 'PRAGMA journal_mode=WAL'). Your own code "
+                        "that reads before it writes in a transaction needs IMMEDIATE to avoid "
+                        "'database is locked'."
                     ),
                     id="jobruns.W001",
                 )

@@ -26,7 +26,7 @@ from django.utils import timezone
 from . import conf, sql
 from .exceptions import InvalidDriveOptions
 from .models import JobRun, Status
-from .passes import Claim, PassOutcome, _summary, fail_abandoned, load_ledger
+from .passes import TRANSIENT, Claim, PassOutcome, _summary, fail_abandoned, load_ledger
 from .passes import run_pass as run_pass  # re-exported: the testing helpers observe it here
 from .registry import Job, get_job, lookup, registered_jobs
 from .retry import as_timedelta
@@ -328,7 +328,16 @@ class _Drive:
             if self.slots == 0:
                 return False  # ``limit`` runs taken
             self.slots -= 1
-        taken = self.claim(run_id, fence, job.lease or self.ttl, held_by)
+        try:
+            taken = self.claim(run_id, fence, job.lease or self.ttl, held_by)
+        except TRANSIENT as exc:
+            # A lock wait that timed out, a dropped connection: nothing was
+            # claimed. Say so and go on with the other runs.
+            logger.warning("run %s: the claim failed: %s", run_id, _summary(exc))
+            self.report.not_recorded(run_id, f"the claim failed: {_summary(exc)}")
+            if not connection.in_atomic_block:
+                connection.close_if_unusable_or_obsolete()
+            taken = None
         if taken is None:
             self.report.add("skipped")
             with self.slots_lock:
