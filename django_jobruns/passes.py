@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 
 from . import signals, sql
+from .deadlocks import retry_deadlocks
 from .exceptions import (
     GiveUp,
     InvalidPassResult,
@@ -285,20 +286,24 @@ class Pass:
                     held = sql.record_step_fenced(claim.run_id, claim.fence, expiry, name, result, attempts, error,
                                                   now, exists=exists)
             else:
-                with transaction.atomic():
-                    # The step row is written only if this claim is still the latest:
-                    # the fence check and the heartbeat are one statement. While more
-                    # than half the lease is left, SQLite checks the fence with a read
-                    # instead -- the transaction holds the database's write lock, so no
-                    # claim can come between the read and the write -- and spares a
-                    # page write per step.
-                    renewed = not (sql.read_checks_fence() and claim.expires_at - now > claim.ttl / 2)
-                    if renewed:
-                        held = sql.heartbeat(claim.run_id, claim.fence, expiry)
-                    else:
-                        held = sql.fence_holds(claim.run_id, claim.fence)
-                    if held:
-                        sql.record_step(claim.run_id, name, result, attempts, error, now, exists=exists)
+                def write() -> tuple[bool, bool]:
+                    with transaction.atomic():
+                        # The step row is written only if this claim is still the latest:
+                        # the fence check and the heartbeat are one statement. While more
+                        # than half the lease is left, SQLite under IMMEDIATE checks the
+                        # fence with a read instead -- the transaction holds the database's
+                        # write lock, so no claim can come between the read and the write --
+                        # and spares a page write per step.
+                        renew = not (sql.read_checks_fence() and claim.expires_at - now > claim.ttl / 2)
+                        if renew:
+                            ok = sql.heartbeat(claim.run_id, claim.fence, expiry)
+                        else:
+                            ok = sql.fence_holds(claim.run_id, claim.fence)
+                        if ok:
+                            sql.record_step(claim.run_id, name, result, attempts, error, now, exists=exists)
+                        return ok, renew
+
+                held, renewed = retry_deadlocks(write, f"run {claim.run_id}: record of step {name!r}")
             if not held:
                 raise LeaseLost(f"run {claim.run_id}: the lease was taken over while step {name!r} ran")
         except LeaseLost:
@@ -484,11 +489,16 @@ def run_pass(
         if not held:
             return PassOutcome("lost")
     else:
-        with transaction.atomic():
-            if not claim.write(**fields):
-                return PassOutcome("lost")
-            if ledger:
-                sql.drop_ledger(run.id)
+        def commit() -> bool:
+            with transaction.atomic():
+                if not claim.write(**fields):
+                    return False
+                if ledger:
+                    sql.drop_ledger(run.id)
+                return True
+
+        if not retry_deadlocks(commit, f"run {run.id}: pass commit"):
+            return PassOutcome("lost")
     if signals.pass_committed.has_listeners() or (done and signals.run_completed.has_listeners()):
         identity = {"run_id": run.id, "module": run.module, "job": run.job, "instance": run.instance}
         decoded_cursor = json.loads(cursor) if cursor is not None else None
@@ -532,7 +542,7 @@ def _fail(run: JobRun, job: Job, claim: Claim, p: Pass | None, exc: BaseExceptio
         fields.update(status=Status.FAILED, ended_at=now, next_attempt_at=None, live=None)
     else:
         fields["next_attempt_at"] = policy.next_attempt_at(against, now)
-    if not claim.write(**fields):
+    if not retry_deadlocks(lambda: claim.write(**fields), f"run {run.id}: failed pass"):
         return PassOutcome("lost")
     logger.warning("run %s (%s.%s) pass failed%s: %s", run.id, run.module, run.job,
                    " and the run is failed" if exhausted else ", will retry", summary)

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, OperationalError, transaction
 from django.utils import timezone
 
+from .deadlocks import TRIES, is_deadlock, retry_deadlocks
 from .exceptions import JobRunsError, NotRestartable
 from .models import JobRun, Status
 from .queue_safety import dump_queue_safe
@@ -34,16 +35,26 @@ def _start_or_join(build: Callable[[], JobRun]) -> tuple[JobRun, bool]:
     """
     for _ in range(_JOIN_TRIES):
         candidate = build()
-        try:
+        key = f"{candidate.module}.{candidate.job}[{candidate.instance}]"
+
+        def insert(candidate: JobRun = candidate) -> None:
             with transaction.atomic():
                 candidate.save(force_insert=True)
+
+        try:
+            retry_deadlocks(insert, f"start of {key}")
             return candidate, True
         except IntegrityError:
             live = JobRun.objects.for_key(candidate.module, candidate.job, candidate.instance).filter(live=True).first()
             if live is not None:
                 return live, False
             # The live run finished between the insert and the read: try again.
-    key = f"{candidate.module}.{candidate.job}[{candidate.instance}]"
+        except OperationalError as exc:
+            if is_deadlock(exc):
+                raise JobRunsError(
+                    f"could not start {key}: the database reported a deadlock {TRIES} times in a row ({exc})"
+                ) from exc
+            raise
     raise JobRunsError(f"could not start {key}: the key kept changing")
 
 

@@ -9,7 +9,7 @@ import pytest
 from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
 
-from django_jobruns import run_due_jobs, start_job_run
+from django_jobruns import job_runs, run_due_jobs, start_job_run
 from django_jobruns.exceptions import UnknownJob
 from django_jobruns.models import JobRun, Status
 
@@ -123,3 +123,13 @@ def test_unknown_job_is_a_clear_error_and_creates_nothing():
     with pytest.raises(LookupError):
         start_job_run(42)  # type: ignore[arg-type]
     assert not JobRun.objects.exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("first, second", [("Supplier-7", "supplier-7"), ("x ", "x"), ("é", "e"), ("ß", "ss")])
+def test_keys_compare_exactly_on_every_backend(first, second):
+    one, created_one = start_job_run("tests.walk", instance=first)
+    two, created_two = start_job_run("tests.walk", instance=second)
+    assert created_one and created_two and one.pk != two.pk
+    assert [r.id for r in job_runs(instance=second)] == [two.pk]
+    assert JobRun.objects.filter(instance=first).get().pk == one.pk
