@@ -93,24 +93,39 @@ class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
         return int(super().count)
 
 
+#: Characters of one stored value the change view shows at most; a note says what was cut.
+SHOW_MAX = 20_000
+
+
+def _bounded(text: str) -> tuple[str, str]:
+    """``text`` cut to :data:`SHOW_MAX` characters, and the note saying so (empty if nothing was cut)."""
+    if len(text) <= SHOW_MAX:
+        return text, ""
+    return text[:SHOW_MAX], f"… {len(text) - SHOW_MAX} more characters not shown"
+
+
 def _pretty(text: str | None, *, empty: str = "—") -> SafeString:
-    """Pretty-print stored JSON, or show the raw text beside why it does not parse."""
+    """Pretty-print stored JSON, or show the raw text beside why it does not parse; bounded either way."""
     if text is None:
         return format_html('<span class="jobruns-empty">{}</span>', empty)
     try:
-        value = json.loads(text)
-    except (TypeError, ValueError) as exc:
+        pretty = json.dumps(json.loads(text), indent=2, sort_keys=True)
+    except (TypeError, ValueError, RecursionError) as exc:
+        why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raw, cut = _bounded(text)
         return format_html(
-            '<p class="errornote jobruns-decode-error">Cannot decode: {}</p><pre class="jobruns-raw">{}</pre>',
-            str(exc), text,
+            '<p class="errornote jobruns-decode-error">Cannot decode: {}</p><pre class="jobruns-raw">{}</pre>{}',
+            why, raw, format_html('<p class="jobruns-cut">{}</p>', cut) if cut else "",
         )
-    return format_html('<pre class="jobruns-json">{}</pre>', json.dumps(value, indent=2, sort_keys=True))
+    shown, cut = _bounded(pretty)
+    return format_html('<pre class="jobruns-json">{}</pre>{}', shown,
+                       format_html('<p class="jobruns-cut">{}</p>', cut) if cut else "")
 
 
 def _progress(counters_text: str) -> SafeString | str:
     try:
         counters = json.loads(counters_text)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):
         return format_html('<span class="jobruns-decode-error">{}</span>', "unreadable counters")
     if not isinstance(counters, dict) or not counters:
         return "—"
@@ -122,7 +137,8 @@ def _progress(counters_text: str) -> SafeString | str:
             '<progress class="jobruns-progress" value="{}" max="{}" title="{} of {}"></progress> {}%',
             done, total, done, total, round(share * 100),
         )
-    return ", ".join(f"{key}={value}" for key, value in sorted(counters.items()))
+    text = ", ".join(f"{key}={value!s:.50}" for key, value in sorted(counters.items())[:20])
+    return text if len(counters) <= 20 else f"{text}, … ({len(counters) - 20} more)"
 
 
 class JobFilter(admin.SimpleListFilter):

@@ -139,6 +139,8 @@ def _decode(text: str | None, what: str) -> Any:
         return json.loads(text) if text is not None else None
     except (TypeError, ValueError) as exc:
         raise UndecodableRun(f"cannot decode the run's {what}: {exc}") from None
+    except RecursionError:
+        raise UndecodableRun(f"cannot decode the run's {what}: nested too deeply") from None
 
 
 def decode_counters(text: str | None) -> dict[str, int | float]:
@@ -243,7 +245,7 @@ class Pass:
             value = fn()
             try:
                 stored = dump_result(value)
-            except (TypeError, ValueError) as exc:
+            except (TypeError, ValueError, RecursionError) as exc:
                 raise StepResultUnstorable(
                     f"step {name!r} returned {type(value).__name__}, which has no JSON form; "
                     "a step's result is stored, so return JSON-able data"

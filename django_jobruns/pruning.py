@@ -8,9 +8,9 @@ from datetime import datetime, timedelta
 from django.db import transaction
 from django.utils import timezone
 
-from .models import JobRun, JobStep, Status
+from .models import TERMINAL, JobRun, JobStep
 
-FINISHED = (Status.DONE, Status.FAILED)
+FINISHED = tuple(str(status) for status in TERMINAL)
 
 
 def prune_job_runs(
@@ -23,7 +23,7 @@ def prune_job_runs(
 ) -> int:
     """Delete finished runs that ended more than ``older_than`` ago; return how many.
 
-    Only ``done`` and ``failed`` runs are ever deleted (a running run is never
+    Only finished runs (``done``, ``failed``, ``cancelled``) are ever deleted (a running run is never
     "old"). Deleted in batches of ``batch_size``, each its own transaction, so a
     large prune never holds one giant transaction or lock. Runs restarted from
     a pruned run keep working; their ``restarted_from`` becomes empty.
@@ -33,7 +33,8 @@ def prune_job_runs(
     wanted = list(statuses)
     refused = [s for s in wanted if s not in FINISHED]
     if refused or not wanted:
-        raise ValueError(f"only finished runs can be pruned (done, failed); got {', '.join(refused) or 'nothing'}")
+        raise ValueError(f"only finished runs can be pruned ({', '.join(FINISHED)}); got "
+                         f"{', '.join(map(str, refused)) or 'nothing'}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     cutoff = (now or timezone.now()) - older_than

@@ -21,6 +21,14 @@ from .exceptions import QueueUnsafe
 
 _WHY = "a run carries ids and configuration: JSON's own values (dict, list, str, int, float, bool, None)"
 
+#: Deepest nesting a payload or cursor may have (Q3): far more than ids and
+#: configuration need, and well inside what every JSON reader and the admin's
+#: rendering handle without running out of stack.
+MAX_DEPTH = 64
+#: Integers are carried exactly only within the signed 64-bit range (Q3):
+#: beyond it, JSON readers in other languages, and JSON columns, round them.
+INT_MIN, INT_MAX = -(2**63), 2**63 - 1
+
 
 def _describe(value: Any) -> str:
     if isinstance(value, float):
@@ -51,9 +59,14 @@ def check_queue_safe(value: Any, root: str) -> None:
     def refuse(path: str, what: str) -> None:
         raise QueueUnsafe(f"{root} is not queue-safe: {path} is {what}; {_WHY}", path=path)
 
-    def walk(item: Any, path: str) -> None:
+    def walk(item: Any, path: str, depth: int) -> None:
         kind = type(item)
-        if item is None or kind is bool or kind is str or kind is int:
+        if item is None or kind is bool or kind is str:
+            return
+        if kind is int:
+            if not INT_MIN <= item <= INT_MAX:
+                refuse(path, f"an integer of {item.bit_length()} bits, outside the signed 64-bit range "
+                             "JSON readers carry exactly")
             return
         if kind is float:
             if not math.isfinite(item):
@@ -63,18 +76,21 @@ def check_queue_safe(value: Any, root: str) -> None:
             refuse(path, _describe(item))
         if id(item) in on_path:
             refuse(path, "a cycle back to a value already on this path")
+        if depth >= MAX_DEPTH:
+            refuse(path, f"nested deeper than {MAX_DEPTH} levels")
         on_path.add(id(item))
         if kind is list:
             for index, element in enumerate(item):
-                walk(element, f"{path}.{index}")
+                walk(element, f"{path}.{index}", depth + 1)
         else:
             for key, element in item.items():
                 if type(key) is not str:
-                    refuse(f"{path}.{key!r}", f"under a key of type {type(key).__name__}; JSON object keys are text")
-                walk(element, f"{path}.{key}")
+                    refuse(f"{path}.{key!r:.100}",
+                           f"under a key of type {type(key).__name__}; JSON object keys are text")
+                walk(element, f"{path}.{key}", depth + 1)
         on_path.discard(id(item))
 
-    walk(value, root)
+    walk(value, root, 0)
 
 
 def dump_queue_safe(value: Any, root: str) -> str:

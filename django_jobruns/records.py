@@ -57,6 +57,9 @@ class JobRunRecord:
             except (TypeError, ValueError) as exc:
                 errors.append(f"{column}: {exc}")
                 return fallback
+            except RecursionError:
+                errors.append(f"{column}: nested too deeply to decode ({len(text)} characters)")
+                return fallback
 
         # Every column is decoded before the error is read, so decode_error
         # names the first failure of the row, in column order.
@@ -95,8 +98,14 @@ def list_limit(limit: Any) -> int:
     if limit is None:
         return LIST_LIMIT
     if isinstance(limit, bool) or not isinstance(limit, numbers.Real):
-        raise TypeError(f"limit must be a number, got {limit!r}")
-    value = float(limit)
+        raise TypeError(f"limit must be a number, got {limit!r:.100}")
+    if isinstance(limit, int):
+        return min(LIST_MAX, max(1, limit))
+    try:
+        value = float(limit)
+    except (OverflowError, ValueError):  # a fraction too large for a float
+        positive = isinstance(limit, numbers.Rational) and int(limit.numerator) > 0
+        return LIST_MAX if positive else 1
     if math.isnan(value):
         return LIST_LIMIT
     if math.isinf(value):

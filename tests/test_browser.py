@@ -103,6 +103,21 @@ def test_operator_filters_to_failed_runs_and_restarts_one(browser, live_server, 
     assert new.status == Status.RUNNING and new.cursor is None
 
 
+def success_says(browser, text):
+    """Wait for the page the click led to, until its success message says ``text``."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def arrived(driver):
+        try:
+            return text in driver.find_element(By.CSS_SELECTOR, "ul.messagelist li.success").text
+        except (NoSuchElementException, StaleElementReferenceException):
+            return False
+
+    WebDriverWait(browser, 15, ignored_exceptions=(StaleElementReferenceException,)).until(arrived)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_operator_pauses_unpauses_and_cancels_a_running_run(browser, live_server, screenshots):
     from selenium.webdriver.common.by import By
@@ -117,17 +132,17 @@ def test_operator_pauses_unpauses_and_cancels_a_running_run(browser, live_server
     browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
 
     browser.find_element(By.ID, "jobruns-pause").click()
-    assert f"Paused run {running.pk}" in browser.find_element(By.CSS_SELECTOR, "ul.messagelist li.success").text
+    success_says(browser, f"Paused run {running.pk}")
     assert "running (paused)" in browser.find_element(By.CSS_SELECTOR, ".field-status_badge").text
     assert JobRun.objects.get(pk=running.pk).paused_at is not None
     browser.save_screenshot(str(screenshots / "paused.png"))
 
     browser.find_element(By.ID, "jobruns-unpause").click()
-    assert f"Unpaused run {running.pk}" in browser.find_element(By.CSS_SELECTOR, "ul.messagelist li.success").text
+    success_says(browser, f"Unpaused run {running.pk}")
     assert JobRun.objects.get(pk=running.pk).paused_at is None
 
     browser.find_element(By.ID, "jobruns-cancel").click()
-    assert f"Cancelled run {running.pk}" in browser.find_element(By.CSS_SELECTOR, "ul.messagelist li.success").text
+    success_says(browser, f"Cancelled run {running.pk}")
     cancelled = JobRun.objects.get(pk=running.pk)
     assert cancelled.status == Status.CANCELLED and "admin" in cancelled.last_error
     assert not browser.find_elements(By.ID, "jobruns-cancel"), "a finished run offers no steering"

@@ -72,13 +72,17 @@ def test_command_refuses_options_that_cannot_mean_what_they_say(args, message):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--limit", "0"], "expected a whole number >= 1"),
+        (["--limit", "0"], "expected a whole number from 1 to 10000"),
         (["--limit", "ten"], "expected a whole number, got 'ten'"),
-        (["--concurrency", "0"], "expected a whole number >= 1"),
-        (["--max-passes", "-1"], "expected a whole number >= 1"),
+        (["--limit", "1" + "0" * 30], "expected a whole number from 1 to 10000"),
+        (["--concurrency", "0"], "expected a whole number from 1 to 256"),
+        (["--concurrency", "100000"], "expected a whole number from 1 to 256"),
+        (["--max-passes", "-1"], "expected a whole number from 1 to 1000000"),
         (["--lease-ttl", "0"], "expected a positive number of seconds"),
         (["--lease-ttl", "soon"], "expected a number of seconds"),
+        (["--lease-ttl", "1e12"], "expected at most 604800 seconds"),
         (["--max-seconds", "nan"], "expected a positive number of seconds"),
+        (["--max-seconds", "1e300"], "expected at most 86400 seconds"),
     ],
 )
 def test_command_line_refuses_bad_numbers_with_a_clear_message(args, message):
@@ -89,11 +93,14 @@ def test_command_line_refuses_bad_numbers_with_a_clear_message(args, message):
     assert message in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_command_exits_non_zero_with_one_line_when_the_database_is_unreachable(tmp_path):
+@pytest.mark.parametrize("command", [
+    ["run_due_jobs"], ["start_job_run", "tests.walk"], ["prune_job_runs", "--older-than", "3"],
+])
+def test_command_exits_non_zero_with_one_line_when_the_database_is_unreachable(tmp_path, command):
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings",
            "DATABASE_URL": "postgres://nobody@127.0.0.1:9/nowhere"}
     env.pop("JOBRUNS_TEST_DB_NAME", None)
-    proc = subprocess.run([sys.executable, str(ROOT / "manage.py"), "run_due_jobs"], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, str(ROOT / "manage.py"), *command], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
@@ -216,6 +223,8 @@ def test_prune_deletes_only_old_finished_runs_in_batches():
     [
         (["--older-than", "-1"], "expected a number of days >= 0"),
         (["--older-than", "soon"], "expected a number of days, got 'soon'"),
+        (["--older-than", "1e10"], "expected at most 36500 days"),
+        (["--older-than", "3", "--batch-size", "0"], "expected a batch size from 1 to 100000"),
         (["--older-than", "3", "--status", "running"], "invalid choice: 'running'"),
         ([], "the following arguments are required: --older-than"),
     ],

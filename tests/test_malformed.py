@@ -74,3 +74,25 @@ def test_a_corrupt_row_exhausts_its_retries_and_fails_with_the_reason(clock, eff
     assert report.failed == 1 and bad.status == Status.FAILED and "counters" in bad.last_error
     (record,) = job_runs(instance="bad")
     assert record.decode_error.startswith("counters:") and record.counters == {}
+
+
+@pytest.mark.parametrize("column, text", [
+    ("payload", "[" * 100_000 + "]" * 100_000),
+    ("cursor", "[" * 900 + "]" * 900),
+    ("payload", '"' + "x" * 3_000_000 + '"'),
+])
+def test_any_stored_row_is_shown_however_deep_or_large(admin_client, column, text):
+    run, _ = start_job_run("tests.walk", instance="huge")
+    JobRun.objects.filter(pk=run.pk).update(**{column: text})
+    (record,) = job_runs(instance="huge")
+    page = admin_client.get(reverse("admin:django_jobruns_jobrun_change", args=[run.pk]))
+    assert page.status_code == 200
+    body = page.content.decode()
+    assert len(body) < 500_000, "the rendering is bounded"
+    if len(text) > 20_000:
+        assert "more characters not shown" in body
+    if text.startswith("[" * 1000):
+        assert record.decode_error is not None and "nested too deeply" in record.decode_error
+        assert "nested too deeply" in body
+    listing = admin_client.get(reverse("admin:django_jobruns_jobrun_changelist"))
+    assert listing.status_code == 200 and run.pk in listing.content.decode()

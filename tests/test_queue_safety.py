@@ -86,7 +86,7 @@ def test_q1_unsafe_payload_is_refused_naming_the_path_and_creates_nothing(payloa
 
 
 def test_q1_accepts_json_values_and_keeps_their_types():
-    value = {"a": [1, 2.5, "x", None, True, False, {"b": []}], "big": 2**70, "": -0.0, "uni": "é\u0000"}
+    value = {"a": [1, 2.5, "x", None, True, False, {"b": []}], "big": 2**62, "": -0.0, "uni": "é\u0000"}
     text = dump_queue_safe(value, "payload")
     assert json.loads(text) == value
     shared = [1]
@@ -125,7 +125,8 @@ def test_q2_step_result_comes_back_through_its_stored_form_first_time_and_on_rep
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    st.none() | st.booleans() | st.integers(min_value=-(2**63), max_value=2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(), children, max_size=4),
     max_leaves=20,
 )
@@ -156,3 +157,53 @@ def test_a_cursor_over_the_size_cap_fails_the_pass(settings, behaviour):
     report = run_due_jobs()
     run.refresh_from_db()
     assert report.failed == 1 and "cursor is 202 bytes as JSON" in report.errors[0][1] and run.cursor is None
+
+
+def nested(depth):
+    value: object = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("value, path, why", [
+    (nested(10_000), "payload" + ".0" * 64, "nested deeper than 64 levels"),
+    ({"a": nested(65)}, "payload.a" + ".0" * 63, "nested deeper than 64 levels"),
+    ({"n": 10**5000}, "payload.n", "outside the signed 64-bit range"),
+    ({"n": [2**63]}, "payload.n.0", "outside the signed 64-bit range"),
+])
+def test_q3_bounds_are_refused_naming_the_path(value, path, why):
+    with pytest.raises(QueueUnsafe, match=why) as caught:
+        check_queue_safe(value, "payload")
+    assert caught.value.path == path
+
+
+def test_q3_values_inside_the_bounds_pass():
+    check_queue_safe({"a": nested(63)}, "payload")
+    check_queue_safe([2**63 - 1, -(2**63)], "payload")
+
+
+@pytest.mark.django_db
+def test_q3_a_start_past_the_bounds_writes_nothing():
+    with pytest.raises(QueueUnsafe, match="nested deeper than 64"):
+        start_job_run("tests.walk", instance="deep", payload=nested(900))
+    assert not JobRun.objects.filter(instance="deep").exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name, why", [("bad\x00name", "contains NUL"), ("lone \udc80", "lone surrogate"),
+                                      ("", "non-empty text"), ("x" * 256, "at most 255")])
+def test_a_step_name_the_database_cannot_store_is_refused_before_the_body_runs(behaviour, name, why):
+    ran = []
+
+    def handler(p):
+        p.step(name, lambda: ran.append(1))
+        return {"done": True}
+
+    behaviour["badname"] = handler
+    run, _ = start_job_run("tests.scripted", instance="badname")
+    report = run_due_jobs()
+    run.refresh_from_db()
+    assert ran == [] and report.failed == 1 and run.status == "failed" and run.attempts == 1
+    assert why in run.last_error and "not retried" in run.last_error
+    assert not JobStep.objects.filter(run=run).exists()

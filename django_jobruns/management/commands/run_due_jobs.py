@@ -18,24 +18,45 @@ from django_jobruns.drive import run_due_jobs
 from django_jobruns.exceptions import JobRunsError
 
 
-def _positive_number(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return value
+def seconds(most: float) -> Any:
+    """An argparse type: a positive, finite number of seconds, at most ``most``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r:.50}") from None
+        if not math.isfinite(value) or value <= 0:
+            raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r:.50}")
+        if value > most:
+            raise argparse.ArgumentTypeError(f"expected at most {most:g} seconds, got {text!r:.50}")
+        return value
+
+    return parse
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    return value
+def whole(most: int) -> Any:
+    """An argparse type: a whole number from 1 to ``most``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r:.50}") from None
+        if not 1 <= value <= most:
+            raise argparse.ArgumentTypeError(f"expected a whole number from 1 to {most}, got {text!r:.50}")
+        return value
+
+    return parse
+
+
+DAY = 86_400
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's text (a driver's may run to many), or its type."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:500] if text else type(exc).__name__
 
 
 class Command(BaseCommand):
@@ -45,17 +66,18 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--limit", type=_positive_int, default=None,
+        parser.add_argument("--limit", type=whole(10_000), default=None,
                             help="runs to take at most (default JOBRUNS['DRIVE_LIMIT'], 50)")
-        parser.add_argument("--max-passes", type=_positive_int, default=1, help="passes per run (default 1)")
-        parser.add_argument("--concurrency", type=_positive_int, default=1, help="runs driven at once (default 1)")
+        parser.add_argument("--max-passes", type=whole(1_000_000), default=1, help="passes per run (default 1)")
+        parser.add_argument("--concurrency", type=whole(256), default=1,
+                            help="runs driven at once (default 1, at most 256)")
         parser.add_argument("--holder", default=None, help="lease holder name (default: host:pid:random)")
-        parser.add_argument("--lease-ttl", type=_positive_number, default=None,
-                            help="lease length in seconds (default JOBRUNS['LEASE_TTL'], 300); "
+        parser.add_argument("--lease-ttl", type=seconds(7 * DAY), default=None,
+                            help="lease length in seconds (default JOBRUNS['LEASE_TTL'], 300; at most a week); "
                                  "must outlast the longest step")
         parser.add_argument("--job", action="append", dest="jobs", metavar="APP.NAME",
                             help="drive only this job (repeatable)")
-        parser.add_argument("--max-seconds", type=_positive_number, default=None,
+        parser.add_argument("--max-seconds", type=seconds(DAY), default=None,
                             help="stop taking new runs after this many seconds")
         parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
@@ -81,8 +103,7 @@ class Command(BaseCommand):
         except JobRunsError as exc:
             raise CommandError(str(exc)) from None
         except DatabaseError as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise CommandError(f"cannot reach the database: {first}") from None
+            raise CommandError(f"cannot reach the database: {first_line(exc)}") from None
         finally:
             if timer is not None:
                 timer.cancel()

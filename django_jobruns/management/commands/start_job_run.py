@@ -7,9 +7,12 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError
 
 from django_jobruns.exceptions import JobRunsError
 from django_jobruns.starts import start_job_run
+
+from .run_due_jobs import first_line
 
 
 class Command(BaseCommand):
@@ -32,6 +35,8 @@ class Command(BaseCommand):
         except (JobRunsError, ValidationError, ValueError) as exc:
             message = exc.messages[0] if isinstance(exc, ValidationError) else str(exc)
             raise CommandError(message) from None
+        except DatabaseError as exc:
+            raise CommandError(f"cannot reach the database: {first_line(exc)}") from None
         if created:
             self.stdout.write(f"started run {run.id}")
         else:
