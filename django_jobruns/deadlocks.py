@@ -16,7 +16,9 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from django.db import OperationalError, connection
+from django.db import OperationalError
+
+from . import db
 
 logger = logging.getLogger("django_jobruns")
 
@@ -48,7 +50,7 @@ def retry_deadlocks(fn: Callable[[], T], what: str) -> T:
         try:
             return fn()
         except OperationalError as exc:
-            if not is_deadlock(exc) or connection.in_atomic_block or attempt == TRIES:
+            if not is_deadlock(exc) or db.connection().in_atomic_block or attempt == TRIES:
                 raise
             logger.info("%s: deadlock, retrying (attempt %d of %d)", what, attempt, TRIES)
             # A backoff, not a synchronisation: the two transactions must not meet again at once.

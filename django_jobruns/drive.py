@@ -20,10 +20,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from django.db import connection
 from django.utils import timezone
 
-from . import conf, sql
+from . import conf, db, sql
 from .exceptions import InvalidDriveOptions
 from .models import JobRun, Status
 from .passes import TRANSIENT, Claim, PassOutcome, _summary, fail_abandoned, load_ledger
@@ -297,7 +296,7 @@ class _Drive:
         try:
             return self.handle(run_id, fence, module, job_name, held_by)
         finally:
-            connection.close()
+            db.connection().close()
 
     def claim(
         self, run_id: str, fence: int, ttl: timedelta, held_by: str | None
@@ -335,8 +334,8 @@ class _Drive:
             # claimed. Say so and go on with the other runs.
             logger.warning("run %s: the claim failed: %s", run_id, _summary(exc))
             self.report.not_recorded(run_id, f"the claim failed: {_summary(exc)}")
-            if not connection.in_atomic_block:
-                connection.close_if_unusable_or_obsolete()
+            if not db.connection().in_atomic_block:
+                db.connection().close_if_unusable_or_obsolete()
             taken = None
         if taken is None:
             self.report.add("skipped")
@@ -394,10 +393,10 @@ class _Drive:
         except Exception as exc:
             logger.exception("run %s: the drive could not record its pass", run_id)
             self.report.not_recorded(run_id, _summary(exc))
-            if not connection.in_atomic_block:
+            if not db.connection().in_atomic_block:
                 # A connection the server dropped is replaced before the release
                 # and the runs after this one try to use it.
-                connection.close_if_unusable_or_obsolete()
+                db.connection().close_if_unusable_or_obsolete()
         finally:
             if not released:
                 self.release(claim)
@@ -430,7 +429,7 @@ def drive_run(
     ttl = _lease_ttl(lease_ttl)
     holder = _holder_name(holder)
     clock = _clock(now)
-    row = JobRun.objects.filter(pk=run_id).values_list("lease_fence", "module", "job", "lease_holder",
+    row = JobRun.objects.using(db.alias()).filter(pk=run_id).values_list("lease_fence", "module", "job", "lease_holder",
                                                          "lease_expires_at").first()
     if row is None:
         raise LookupError(f"no run has the id {run_id!r}")

@@ -24,9 +24,9 @@ from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, transaction
 
-from . import signals, sql
+from . import db, signals, sql
 from .deadlocks import retry_deadlocks
 from .exceptions import (
     GiveUp,
@@ -175,7 +175,7 @@ class Pass:
         self._store_failed: BaseException | None = None
         # Transactions open when the pass began (a caller's, a test case's):
         # a step inside one more than these is inside the handler's own.
-        self._depth = len(connection.atomic_blocks)
+        self._depth = len(db.connection().atomic_blocks)
 
     @property
     def payload(self) -> Any:
@@ -221,7 +221,7 @@ class Pass:
             raise LeaseLost(f"run {self._run.id}: the lease was taken over; step {name!r} not run")
         if name in self._used:
             raise StepReused(name)
-        if len(connection.atomic_blocks) > self._depth:
+        if len(db.connection().atomic_blocks) > self._depth:
             raise StepInTransaction(
                 f"step {name!r} was called inside a transaction the handler opened: its record would roll "
                 "back with that transaction and the step would run again on every attempt; open the "
@@ -289,7 +289,7 @@ class Pass:
                                                   now, exists=exists)
             else:
                 def write() -> tuple[bool, bool]:
-                    with transaction.atomic():
+                    with transaction.atomic(using=db.alias()):
                         # The step row is written only if this claim is still the latest:
                         # the fence check and the heartbeat are one statement. While more
                         # than half the lease is left, SQLite under IMMEDIATE checks the
@@ -329,7 +329,8 @@ def _savepoint_if_nested() -> Any:
     (a test case, a caller's ``atomic``), a failed statement would otherwise
     abort the caller's whole transaction on PostgreSQL.
     """
-    return transaction.atomic() if connection.in_atomic_block else contextlib.nullcontext()
+    wrapper = db.connection()
+    return transaction.atomic(using=wrapper.alias) if wrapper.in_atomic_block else contextlib.nullcontext()
 
 
 def _default_retry() -> RetryPolicy:
@@ -446,10 +447,11 @@ def run_pass(
             if p._store_failed is exc:
                 raise
             raise p._store_failed from exc
-        if isinstance(exc, DatabaseError) and not connection.in_atomic_block and not connection.is_usable():
+        wrapper = db.connection()
+        if isinstance(exc, DatabaseError) and not wrapper.in_atomic_block and not wrapper.is_usable():
             # The server dropped the connection under the pass: record the
             # failure on a new one rather than losing it with the old.
-            connection.close()
+            wrapper.close()
         outcome = _fail(run, job, claim, p, exc)
         if escaping:
             # SystemExit, KeyboardInterrupt: recorded, the lease given back,
@@ -492,7 +494,7 @@ def run_pass(
             return PassOutcome("lost")
     else:
         def commit() -> bool:
-            with transaction.atomic():
+            with transaction.atomic(using=db.alias()):
                 if not claim.write(**fields):
                     return False
                 if ledger:

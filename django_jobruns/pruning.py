@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from django.db import transaction
 from django.utils import timezone
 
+from . import db
 from .models import TERMINAL, JobRun, JobStep
 
 FINISHED = tuple(str(status) for status in TERMINAL)
@@ -38,7 +39,8 @@ def prune_job_runs(
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     cutoff = (now or timezone.now()) - older_than
-    old = JobRun.objects.filter(status__in=wanted, ended_at__lt=cutoff)
+    using = db.alias()
+    old = JobRun.objects.using(using).filter(status__in=wanted, ended_at__lt=cutoff)
     if dry_run:
         return old.count()
     deleted = 0
@@ -46,7 +48,7 @@ def prune_job_runs(
         ids = list(old.order_by("id").values_list("id", flat=True)[:batch_size])
         if not ids:
             return deleted
-        with transaction.atomic():
-            JobRun.objects.filter(restarted_from_id__in=ids).update(restarted_from=None)
-            JobStep.objects.filter(run_id__in=ids).delete()
-            deleted += JobRun.objects.filter(pk__in=ids, status__in=wanted).delete()[1].get(JobRun._meta.label, 0)
+        with transaction.atomic(using=using):
+            JobRun.objects.using(using).filter(restarted_from_id__in=ids).update(restarted_from=None)
+            JobStep.objects.using(using).filter(run_id__in=ids).delete()
+            deleted += JobRun.objects.using(using).filter(pk__in=ids, status__in=wanted).delete()[1].get(JobRun._meta.label, 0)

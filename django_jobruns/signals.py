@@ -25,8 +25,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.dispatch import Signal
+
+from . import db
 
 logger = logging.getLogger("django_jobruns")
 
@@ -57,7 +59,8 @@ def send_after_commit(signal: Signal, **kwargs: Any) -> None:
                 logger.error("run %s: a receiver of a django_jobruns signal failed: %r (%s)",
                              kwargs.get("run_id"), result, receiver, exc_info=result)
 
-    if connection.in_atomic_block:
-        transaction.on_commit(send)
+    wrapper = db.connection()
+    if wrapper.in_atomic_block:
+        transaction.on_commit(send, using=wrapper.alias)
     else:
         send()

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import connections
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from . import db
 from .models import JobRun, JobStep
 
 RUN_COLUMNS = (
@@ -156,8 +157,8 @@ _statements: dict[str, _Statements] = {}
 
 
 def _db() -> tuple[Any, _Statements]:
-    """The default connection itself (not its thread-local proxy) and its statements."""
-    wrapper = connections[DEFAULT_DB_ALIAS]
+    """The routed connection itself (not a thread-local proxy) and its statements."""
+    wrapper = connections[db.alias()]
     statements = _statements.get(wrapper.vendor)
     if statements is None:
         statements = _statements[wrapper.vendor] = _Statements(wrapper)

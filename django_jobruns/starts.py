@@ -8,6 +8,7 @@ from typing import Any
 from django.db import IntegrityError, OperationalError, transaction
 from django.utils import timezone
 
+from . import db
 from .deadlocks import TRIES, is_deadlock, retry_deadlocks
 from .exceptions import JobRunsError, NotRestartable
 from .models import JobRun, Status
@@ -38,14 +39,14 @@ def _start_or_join(build: Callable[[], JobRun]) -> tuple[JobRun, bool]:
         key = f"{candidate.module}.{candidate.job}[{candidate.instance}]"
 
         def insert(candidate: JobRun = candidate) -> None:
-            with transaction.atomic():
+            with transaction.atomic(using=db.alias()):
                 candidate.save(force_insert=True)
 
         try:
             retry_deadlocks(insert, f"start of {key}")
             return candidate, True
         except IntegrityError:
-            live = JobRun.objects.for_key(candidate.module, candidate.job, candidate.instance).filter(live=True).first()
+            live = JobRun.objects.using(db.alias()).for_key(candidate.module, candidate.job, candidate.instance).filter(live=True).first()
             if live is not None:
                 return live, False
             # The live run finished between the insert and the read: try again.
@@ -91,14 +92,14 @@ def restart_job_run(run: JobRun | str, *, resume: bool = False) -> tuple[JobRun,
     second restart would repeat what the successor did.
     """
     run_id = run.pk if isinstance(run, JobRun) else run
-    current = JobRun.objects.filter(pk=run_id).first()
+    current = JobRun.objects.using(db.alias()).filter(pk=run_id).first()
     if current is None:
         raise NotRestartable(f"no run has the id {run_id!r}")
     if current.status != Status.FAILED:
         raise NotRestartable(
             f"run {current.id} is {current.status}; only a failed run can be restarted as a new run"
         )
-    successor = JobRun.objects.filter(restarted_from=current).order_by("id").values_list("id", flat=True).first()
+    successor = JobRun.objects.using(db.alias()).filter(restarted_from=current).order_by("id").values_list("id", flat=True).first()
     if successor is not None:
         # At most once: a second restart would repeat the work its successor did.
         refused = NotRestartable(

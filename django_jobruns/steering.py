@@ -19,7 +19,7 @@ from typing import Any
 from django.db.models import F
 from django.utils import timezone
 
-from . import signals
+from . import db, signals
 from .exceptions import NotLive
 from .models import JobRun, Status
 
@@ -33,7 +33,7 @@ def _run_id(run: JobRun | str) -> str:
 
 def _live(run_id: str, verb: str) -> JobRun:
     """The run as it is now; refuse a finished or unknown run."""
-    current = JobRun.objects.filter(pk=run_id).first()
+    current = JobRun.objects.using(db.alias()).filter(pk=run_id).first()
     if current is None:
         raise NotLive(f"no run has the id {run_id!r}")
     if current.status != Status.RUNNING:
@@ -44,10 +44,10 @@ def _live(run_id: str, verb: str) -> JobRun:
 def _steer(run: JobRun | str, verb: str, **fields: Any) -> JobRun:
     """Apply ``fields`` to the run in one conditional UPDATE if it is live; refuse a finished or unknown run."""
     run_id = _run_id(run)
-    changed = JobRun.objects.filter(pk=run_id, status=Status.RUNNING).update(**fields)
+    changed = JobRun.objects.using(db.alias()).filter(pk=run_id, status=Status.RUNNING).update(**fields)
     if not changed:
         _live(run_id, verb)  # raises: finished or unknown
-    current = JobRun.objects.filter(pk=run_id).first()
+    current = JobRun.objects.using(db.alias()).filter(pk=run_id).first()
     assert current is not None  # runs are deleted only by pruning, and only finished ones
     return current
 
@@ -78,7 +78,7 @@ def pause_job_run(run: JobRun | str) -> JobRun:
     """Hold a live run: not due until unpaused; its key and cursor are kept. Idempotent."""
     now = timezone.now()
     run_id = _run_id(run)
-    JobRun.objects.filter(pk=run_id, status=Status.RUNNING, paused_at__isnull=True).update(
+    JobRun.objects.using(db.alias()).filter(pk=run_id, status=Status.RUNNING, paused_at__isnull=True).update(
         paused_at=now, updated_at=now)
     return _live(run_id, "paused")
 
@@ -87,7 +87,7 @@ def unpause_job_run(run: JobRun | str) -> JobRun:
     """Let a paused run go on where it stopped. Idempotent on a run that is not paused."""
     now = timezone.now()
     run_id = _run_id(run)
-    JobRun.objects.filter(pk=run_id, status=Status.RUNNING, paused_at__isnull=False).update(
+    JobRun.objects.using(db.alias()).filter(pk=run_id, status=Status.RUNNING, paused_at__isnull=False).update(
         paused_at=None, updated_at=now)
     current = _live(run_id, "unpaused")
     signals.notify_due()

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, transaction
+
+from . import db
 
 logger = logging.getLogger("django_jobruns")
 
@@ -13,15 +15,16 @@ CHANNEL = "django_jobruns"
 
 def notify() -> None:
     """Send a NOTIFY on PostgreSQL when the current transaction commits (at once outside one)."""
-    if connection.vendor != "postgresql":
+    wrapper = db.connection()
+    if wrapper.vendor != "postgresql":
         return
 
     def send() -> None:
         try:
-            with connection.cursor() as cur:
+            with wrapper.cursor() as cur:
                 cur.execute("SELECT pg_notify(%s, '')", [CHANNEL])
         except DatabaseError:
             # Only a wake-up: waiting drives poll as well, so a lost one costs latency, not work.
             logger.warning("could not notify waiting drives", exc_info=True)
 
-    transaction.on_commit(send)
+    transaction.on_commit(send, using=wrapper.alias)
