@@ -51,4 +51,5 @@ def prune_job_runs(
         with transaction.atomic(using=using):
             JobRun.objects.using(using).filter(restarted_from_id__in=ids).update(restarted_from=None)
             JobStep.objects.using(using).filter(run_id__in=ids).delete()
-            deleted += JobRun.objects.using(using).filter(pk__in=ids, status__in=wanted).delete()[1].get(JobRun._meta.label, 0)
+            gone = JobRun.objects.using(using).filter(pk__in=ids, status__in=wanted).delete()[1]
+            deleted += gone.get(JobRun._meta.label, 0)

@@ -46,7 +46,8 @@ def _start_or_join(build: Callable[[], JobRun]) -> tuple[JobRun, bool]:
             retry_deadlocks(insert, f"start of {key}")
             return candidate, True
         except IntegrityError:
-            live = JobRun.objects.using(db.alias()).for_key(candidate.module, candidate.job, candidate.instance).filter(live=True).first()
+            runs = JobRun.objects.using(db.alias())
+            live = runs.for_key(candidate.module, candidate.job, candidate.instance).filter(live=True).first()
             if live is not None:
                 return live, False
             # The live run finished between the insert and the read: try again.
@@ -99,7 +100,8 @@ def restart_job_run(run: JobRun | str, *, resume: bool = False) -> tuple[JobRun,
         raise NotRestartable(
             f"run {current.id} is {current.status}; only a failed run can be restarted as a new run"
         )
-    successor = JobRun.objects.using(db.alias()).filter(restarted_from=current).order_by("id").values_list("id", flat=True).first()
+    restarts = JobRun.objects.using(db.alias()).filter(restarted_from=current)
+    successor = restarts.order_by("id").values_list("id", flat=True).first()
     if successor is not None:
         # At most once: a second restart would repeat the work its successor did.
         refused = NotRestartable(
