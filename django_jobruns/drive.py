@@ -9,11 +9,13 @@ the lease is given back in ``finally``.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
 import secrets
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -22,7 +24,7 @@ from typing import Any, Protocol
 
 from django.utils import timezone
 
-from . import conf, db, sql
+from . import conf, db, sql, waiting
 from .exceptions import InvalidDriveOptions
 from .models import JobRun, Status
 from .passes import TRANSIENT, Claim, PassOutcome, _summary, fail_abandoned, load_ledger
@@ -180,21 +182,34 @@ def _clock(value: Any) -> Callable[[], datetime]:
 def run_due_jobs(
     *,
     limit: int = 50,
-    max_passes: int = 1,
+    max_passes: int | None = None,
     holder: str | None = None,
     lease_ttl: timedelta | float = timedelta(minutes=5),
     concurrency: int = 1,
     jobs: Iterable[Job | str] | None = None,
     stop: StopSignal | None = None,
     now: Callable[[], datetime] | None = None,
+    max_seconds: float | None = None,
 ) -> DriveReport:
     """Claim up to ``limit`` due runs, run up to ``max_passes`` passes of each, release them.
+
+    Without ``max_seconds`` this is one bounded pass over what is due now, at
+    most ``max_passes`` (default 1) passes per run. With ``max_seconds`` the
+    drive keeps working until that many seconds are spent: further passes of
+    the runs it holds (``max_passes``, default unlimited, then caps the passes
+    per claim), and runs that become due meanwhile; when nothing is due it
+    waits for work -- woken by NOTIFY on PostgreSQL, polling elsewhere -- and
+    ``stop`` ends the wait at once. Then it finishes the pass in flight,
+    releases, and returns.
 
     Options that cannot mean what they say raise :class:`InvalidDriveOptions`
     before anything is claimed. A run's failure never escapes: it is recorded
     on the run and reported in ``errors``.
     """
     limit = _positive_int(limit, "limit")
+    budget = _budget(max_seconds)
+    if max_passes is None:
+        max_passes = 1 if budget is None else _UNLIMITED
     max_passes = _positive_int(max_passes, "max_passes")
     concurrency = _positive_int(concurrency, "concurrency")
     ttl = _lease_ttl(lease_ttl)
@@ -213,13 +228,50 @@ def run_due_jobs(
         return report
     if not selected:
         return report
+    if budget is None:
+        _round(report, selected, holder, ttl, clock, max_passes, stop, limit, concurrency, None)
+        return report
+    deadline = time.monotonic() + budget
+    with waiting.Waiter(stop) as waiter:
+        while True:
+            worked = _round(report, selected, holder, ttl, clock, max_passes, stop, limit, concurrency, deadline)
+            if report.stopped or time.monotonic() >= deadline:
+                break
+            if not worked:
+                waiter.wait(deadline)
+                if stop is not None and stop.is_set():
+                    report.stopped = True
+                    break
+    return report
+
+
+#: ``max_passes`` with a time budget and no cap of its own: the budget bounds the passes.
+_UNLIMITED = 10**9
+
+
+def _budget(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise InvalidDriveOptions(f"max_seconds must be a positive number of seconds, got {value!r:.100}")
+    if value > 86_400:
+        raise InvalidDriveOptions(f"max_seconds must be at most a day (86400), got {value!r}")
+    return float(value)
+
+
+def _round(
+    report: DriveReport, selected: list[Job], holder: str, ttl: timedelta, clock: Callable[[], datetime],
+    max_passes: int, stop: StopSignal | None, limit: int, concurrency: int, deadline: float | None,
+) -> bool:
+    """One pass over what is due now; return whether any run was claimed."""
     scan_max = int(conf.get("SCAN_MAX"))
+    attempted = report.attempted
     # Twice the limit is read, so a claim another worker wins is made up from
     # the spares. Runs are taken oldest first; once a claim is lost to another
     # worker, the rest of the window is taken in random order, so workers
     # started together stop racing each other for the same next run.
-    rows = _due_rows(selected, started, min(2 * limit, scan_max), scan_max, report)
-    drive = _Drive(report, holder, ttl, clock, max_passes, stop, limit)
+    rows = _due_rows(selected, clock(), min(2 * limit, scan_max), scan_max, report)
+    drive = _Drive(report, holder, ttl, clock, max_passes, stop, limit, deadline)
     if concurrency == 1 or len(rows) <= 1:
         pending = list(rows)
         contended = False
@@ -236,7 +288,7 @@ def run_due_jobs(
         with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="jobruns") as pool:
             for _ in pool.map(lambda row: drive.handle_in_thread(*row), rows):
                 pass
-    return report
+    return report.attempted > attempted
 
 
 DueRow = tuple[str, int, str, str, "str | None"]
@@ -275,7 +327,7 @@ def _due_rows(selected: list[Job], now: datetime, limit: int, scan_max: int, rep
 class _Drive:
     def __init__(
         self, report: DriveReport, holder: str, ttl: timedelta, clock: Callable[[], datetime],
-        max_passes: int, stop: StopSignal | None, limit: int,
+        max_passes: int, stop: StopSignal | None, limit: int, deadline: float | None = None,
     ) -> None:
         self.slots = limit
         self.slots_lock = threading.Lock()
@@ -285,12 +337,14 @@ class _Drive:
         self.clock = clock
         self.max_passes = max_passes
         self.stop = stop
+        self.deadline = deadline
 
     def stopping(self) -> bool:
+        """Whether to take no further run or pass: the stop signal is set, or the time budget spent."""
         if self.stop is not None and self.stop.is_set():
             self.report.stopped = True
             return True
-        return False
+        return self.deadline is not None and time.monotonic() >= self.deadline
 
     def handle_in_thread(self, run_id: str, fence: int, module: str, job_name: str, held_by: str | None) -> bool:
         try:

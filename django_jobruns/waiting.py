@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from typing import Any
 
 from django.db import DatabaseError, transaction
 
@@ -28,3 +31,91 @@ def notify() -> None:
             logger.warning("could not notify waiting drives", exc_info=True)
 
     transaction.on_commit(send, using=wrapper.alias)
+
+
+#: How long a waiting drive sleeps between looks at the due runs where nothing wakes
+#: it (SQLite, MariaDB), and, on PostgreSQL, between looks while no NOTIFY came
+#: (for backoffs ending and leases lapsing, which send none).
+POLL_SECONDS = 0.2
+LISTEN_POLL_SECONDS = 1.0
+#: The longest a wait goes without looking at the stop signal.
+_SLICE = 0.1
+
+
+class Waiter:
+    """Waits, within a drive's time budget, until work may have arrived or the stop signal is set."""
+
+    def __init__(self, stop: Any) -> None:
+        self.stop = stop
+        self.woken = threading.Event()
+        self.raw: Any = None
+
+    def __enter__(self) -> Waiter:
+        self._listen()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.raw is not None:
+            try:
+                wrapper = db.connection()
+                if wrapper.connection is self.raw:
+                    with wrapper.cursor() as cur:
+                        cur.execute(f"UNLISTEN {CHANNEL}")
+            except Exception:
+                logger.debug("UNLISTEN failed", exc_info=True)
+            self.raw = None
+
+    def _listen(self) -> None:
+        """LISTEN on PostgreSQL, on the drive's own connection.
+
+        Issued again as each wait begins (idempotent, and only when idle): it
+        re-establishes a connection that was replaced, and shows an operator
+        in ``pg_stat_activity`` which drives are waiting for work.
+        """
+        wrapper = db.connection()
+        if wrapper.vendor != "postgresql":
+            return
+        try:
+            wrapper.ensure_connection()
+            with wrapper.cursor() as cur:
+                cur.execute(f"LISTEN {CHANNEL}")
+            # psycopg 3.2+: notifications that arrive while the drive works
+            # wait in the connection's backlog. Other drivers: poll.
+            self.raw = wrapper.connection if hasattr(wrapper.connection, "notifies") else None
+        except DatabaseError:
+            logger.warning("could not LISTEN for new work; polling instead", exc_info=True)
+            self.raw = None
+
+    def stopped(self) -> bool:
+        return self.stop is not None and bool(self.stop.is_set())
+
+    def wait(self, deadline: float) -> None:
+        """Return when work may have arrived, the stop signal is set, a poll interval passed, or ``deadline``."""
+        self._listen()
+        interval = LISTEN_POLL_SECONDS if self.raw is not None else POLL_SECONDS
+        end = min(deadline, time.monotonic() + interval)
+        if self.raw is not None:
+            try:
+                # What arrived while the drive worked (all of it: one look at the due runs answers them all).
+                if list(self.raw.notifies(timeout=0)):
+                    return
+            except Exception:
+                logger.warning("lost the LISTEN connection; polling instead", exc_info=True)
+                self.raw = None
+        while not self.woken.is_set() and not self.stopped():
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                break
+            step = min(remaining, _SLICE)
+            if self.raw is not None:
+                try:
+                    for _ in self.raw.notifies(timeout=step, stop_after=1):
+                        self.woken.set()
+                except Exception:  # the driver's own error: the connection broke; poll from here on
+                    logger.warning("lost the LISTEN connection; polling instead", exc_info=True)
+                    self.raw = None
+            elif hasattr(self.stop, "wait"):
+                self.stop.wait(step)  # returns at once when the stop signal is set
+            else:
+                time.sleep(step)
+        self.woken.clear()

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from django_jobruns import start_job_run
 from django_jobruns.models import JobRun, JobStep, Status
-from tests.conftest import ROOT, manage
+from tests.conftest import ROOT, effect_lines, manage
 
 
 def run_command(*args):
@@ -135,17 +135,33 @@ def test_command_on_signal_finishes_the_pass_in_flight_releases_and_exits_zero(t
     assert untouched.status == Status.RUNNING and untouched.lease_fence == 0, "no new run was taken after the signal"
 
 
+def wait_until(condition, what, timeout=60):
+    """Poll the database for a state the test waits on (the worker is another process)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_command_max_seconds_stops_taking_new_runs(effects):
+def test_command_max_seconds_keeps_working_waits_for_work_and_a_signal_ends_the_wait(effects):
     for i in range(3):
-        start_job_run("tests.walk", instance=f"t{i}", payload={"log": str(effects)})
+        start_job_run("tests.walk", instance=f"t{i}", payload={"log": str(effects), "passes": 3})
     worker = manage("run_due_jobs", "--json", "--max-seconds", "600")
-    out, err = worker.communicate(timeout=120)
+    wait_until(lambda: JobRun.objects.filter(status=Status.DONE).count() == 3, "the first runs to finish")
+    # Started while the drive waits for work: the same invocation takes it.
+    late, _ = start_job_run("tests.walk", instance="late", payload={"log": str(effects), "passes": 2})
+    wait_until(lambda: JobRun.objects.get(pk=late.pk).status == Status.DONE, "the late run to finish")
+    worker.send_signal(signal.SIGTERM)  # ends the wait at once, far inside the 600 s budget
+    out, err = worker.communicate(timeout=30)
     assert worker.returncode == 0, err
     report = json.loads(out)
-    assert report["completed"] == 3 and report["stopped"] is False
-    assert JobRun.objects.filter(status=Status.DONE).count() == 3
+    # Every pass of every run in one invocation: with a budget, passes per run are not capped at 1.
+    assert report["completed"] == 4 and report["advanced"] == 3 * 2 + 1 and report["stopped"] is True
+    assert len(effect_lines(effects)) == (3 * 3 + 2) * 3
 
 
 def call(name, *args):

@@ -61,14 +61,16 @@ def first_line(exc: BaseException) -> str:
 
 class Command(BaseCommand):
     help = (
-        "Claim due job runs, run up to --max-passes passes of each, release them, and exit. "
-        "SIGTERM/SIGINT stop taking new runs; the pass in flight finishes and releases."
+        "Claim due job runs, run up to --max-passes passes of each, release them, and exit; with "
+        "--max-seconds, keep working and waiting for work until the time is spent. SIGTERM/SIGINT stop "
+        "taking new runs (and end a wait at once); the pass in flight finishes and releases."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--limit", type=whole(10_000), default=None,
                             help="runs to take at most (default JOBRUNS['DRIVE_LIMIT'], 50)")
-        parser.add_argument("--max-passes", type=whole(1_000_000), default=1, help="passes per run (default 1)")
+        parser.add_argument("--max-passes", type=whole(1_000_000), default=None,
+                            help="passes per run and claim (default 1; with --max-seconds, unlimited)")
         parser.add_argument("--concurrency", type=whole(256), default=1,
                             help="runs driven at once (default 1, at most 256)")
         parser.add_argument("--holder", default=None, help="lease holder name (default: host:pid:random)")
@@ -78,17 +80,13 @@ class Command(BaseCommand):
         parser.add_argument("--job", action="append", dest="jobs", metavar="APP.NAME",
                             help="drive only this job (repeatable)")
         parser.add_argument("--max-seconds", type=seconds(DAY), default=None,
-                            help="stop taking new runs after this many seconds")
+                            help="keep working (and waiting for work) for this many seconds, then finish the "
+                                 "pass in flight, release and exit (default: one bounded pass)")
         parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
     def handle(self, *args: Any, **options: Any) -> None:
         stop = threading.Event()
         previous = self._install_signal_handlers(stop)
-        timer = None
-        if options["max_seconds"] is not None:
-            timer = threading.Timer(options["max_seconds"], stop.set)
-            timer.daemon = True
-            timer.start()
         try:
             ttl = options["lease_ttl"]
             report = run_due_jobs(
@@ -99,14 +97,13 @@ class Command(BaseCommand):
                 concurrency=options["concurrency"],
                 jobs=options["jobs"],
                 stop=stop,
+                max_seconds=options["max_seconds"],
             )
         except JobRunsError as exc:
             raise CommandError(str(exc)) from None
         except DatabaseError as exc:
             raise CommandError(f"cannot reach the database: {first_line(exc)}") from None
         finally:
-            if timer is not None:
-                timer.cancel()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         if options["json"]:
