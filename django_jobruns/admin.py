@@ -8,6 +8,7 @@ runs, which start a NEW run through ``restart_job_run``.
 from __future__ import annotations
 
 import json
+import re
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
@@ -32,6 +33,7 @@ from .starts import restart_job_run
 from .steering import cancel_job_run, pause_job_run, retry_job_run_now, unpause_job_run
 
 RESTART_PERMISSION = "django_jobruns.restart_jobrun"
+_ULID = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}")
 STEER_PERMISSION = "django_jobruns.steer_jobrun"
 
 #: The steering verbs: (label of the button, past tense for the message, function).
@@ -71,6 +73,8 @@ class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
     """
 
     ESTIMATE_ABOVE = 10_000
+    #: Whether ``count`` is the planner's estimate (the changelist says so).
+    estimated = False
 
     @cached_property
     def count(self) -> int:
@@ -89,6 +93,7 @@ class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
                     )
                     row = cur.fetchone()
                 if row is not None:
+                    self.estimated = int(row[0]) > self.ESTIMATE_ABOVE
                     return int(row[0])
         return int(super().count)
 
@@ -200,7 +205,10 @@ class JobRunAdmin(_AdminBase):
         ("started_at", DateRangeFilterBuilder(title="started")),
         ("ended_at", DateRangeFilterBuilder(title="ended")),
     )
-    search_fields = ("id", "instance", "last_error")
+    # Searched by id too (exactly, when the term is one), in get_search_results:
+    # a partial match on the id would defeat the search indexes.
+    search_fields = ("instance", "last_error")
+    search_help_text = "Instance or error text contains the term; or the exact run id."
     ordering = ("-id",)
     list_per_page = 50
     # A COUNT(*) over the whole table on every page view costs what the table
@@ -226,6 +234,23 @@ class JobRunAdmin(_AdminBase):
         "counters_display", "lease_holder", "lease_state", "lease_expires_at", "lease_fence", "restarted_from_link",
         "restarts_links",
     )
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[JobRun], search_term: str
+    ) -> tuple[QuerySet[JobRun], bool]:
+        found, duplicates = super().get_search_results(request, queryset, search_term)
+        term = search_term.strip().upper()
+        if _ULID.fullmatch(term):
+            found = found | queryset.filter(pk=term)
+        return found, duplicates
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        response = super().changelist_view(request, extra_context)
+        context = getattr(response, "context_data", None)
+        if context and "cl" in context:
+            paginator = context["cl"].paginator
+            context["count_estimated"] = bool(getattr(paginator, "estimated", False))
+        return response
 
     # -- columns ---------------------------------------------------------------
 

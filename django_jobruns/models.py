@@ -116,6 +116,14 @@ class JobRun(models.Model):
         indexes = [
             models.Index(fields=["status", "id", "next_attempt_at"], name="jobruns_due"),
             models.Index(fields=["module", "job", "instance", "id"], name="jobruns_key"),
+            # The operator's pages and retention, at millions of retained runs:
+            # job_runs(instance=) newest first; started/ended date ranges; and
+            # prune's "ended before" (live runs have no ended_at, so a range of
+            # this index holds finished runs only).
+            models.Index(fields=["instance", "id"], name="jobruns_instance"),
+            models.Index(fields=["started_at"], name="jobruns_started"),
+            models.Index(fields=["ended_at"], name="jobruns_ended"),
+            models.Index(fields=["status", "ended_at"], name="jobruns_prune"),
         ]
 
     def __str__(self) -> str:

@@ -255,6 +255,7 @@ def test_a1_large_unfiltered_changelist_pages_by_estimate_not_count(admin_client
     with CaptureQueriesContext(connection) as ctx:
         response = admin_client.get(reverse(CHANGELIST))
     assert response.status_code == 200 and "120 job runs" in response.content.decode()
+    assert "jobruns-estimated" in response.content.decode(), "the page says the count is an estimate"
     assert not any(q["sql"].upper().startswith("SELECT COUNT(") for q in ctx.captured_queries)
     with connection.cursor() as cur:  # the estimate query counts nothing past the threshold
         cur.execute("EXPLAIN ANALYZE " + next(q["sql"] for q in ctx.captured_queries if "reltuples" in q["sql"]))
@@ -339,3 +340,11 @@ def test_a_restarted_run_offers_no_second_restart(admin_client):
     response = admin_client.post(restart_url(old), {"resume": "0"}, follow=True)
     assert any("already restarted as run" in str(m) for m in response.context["messages"])
     assert JobRun.objects.filter(restarted_from=old).count() == 1
+
+
+def test_search_finds_a_run_by_its_exact_id_instance_or_error(admin_client):
+    wanted = failed_run("supplier-42", last_error="UpstreamUnavailable: supplier 42 reset")
+    other = make_run("supplier-7")
+    for term in (wanted.pk, wanted.pk.lower(), "lier-42", "upstreamunavailable"):
+        page = admin_client.get(reverse(CHANGELIST), {"q": term}).content.decode()
+        assert wanted.pk in page and other.pk not in page, term

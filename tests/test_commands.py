@@ -228,6 +228,7 @@ def test_prune_deletes_only_old_finished_runs_in_batches():
     deletes = [q for q in ctx.captured_queries
                if q["sql"].startswith("DELETE FROM") and "django_jobruns_jobrun" in q["sql"].split("WHERE")[0]]
     assert len(deletes) == 3, "five runs deleted two at a time"
+    assert not JobStep.objects.filter(run=old_failed).exists()
     assert set(JobRun.objects.values_list("pk", flat=True)) == {recent.pk, live.pk, restarted.pk}
     restarted.refresh_from_db()
     assert restarted.restarted_from_id is None and not JobStep.objects.exists()
@@ -242,7 +243,9 @@ def test_prune_deletes_only_old_finished_runs_in_batches():
         (["--older-than", "1e10"], "expected at most 36500 days"),
         (["--older-than", "3", "--batch-size", "0"], "expected a batch size from 1 to 100000"),
         (["--older-than", "3", "--status", "running"], "invalid choice: 'running'"),
-        ([], "the following arguments are required: --older-than"),
+        ([], "--older-than DAYS is required"),
+        (["--status", "failed=30", "--status", "done"], "--status done has no age"),
+        (["--status", "failed=-2"], "expected a number of days >= 0"),
     ],
 )
 def test_prune_refuses_bad_ages_and_live_statuses(args, message):
@@ -263,3 +266,33 @@ def test_command_defaults_come_from_the_settings(behaviour, settings):
     out, _ = run_command("--json")
     assert json.loads(out)["attempted"] == 1
     assert timedelta(seconds=41) < held[0] - before < timedelta(seconds=43)
+
+
+@pytest.mark.django_db
+def test_prune_keeps_failures_longer_than_successes_and_reports_json():
+    for i in range(3):
+        _finished(f"done-old{i}", Status.DONE, 10)
+    _finished("done-new", Status.DONE, 2)
+    kept_failure = _finished("failed-10", Status.FAILED, 10)
+    _finished("failed-old", Status.FAILED, 100)
+    _finished("cancelled-old", Status.CANCELLED, 100)
+    out = call("prune_job_runs", "--status", "done=7", "--status", "failed=90", "--status", "cancelled=30", "--json")
+    summary = json.loads(out)
+    assert summary["deleted"] == 5 and summary["by_status"] == {"done": 3, "failed": 1, "cancelled": 1}
+    assert summary["older_than_days"] == {"done": 7, "failed": 90, "cancelled": 30} and summary["dry_run"] is False
+    assert set(JobRun.objects.values_list("instance", flat=True)) == {"done-new", "failed-10"}
+    assert JobRun.objects.filter(pk=kept_failure.pk).exists()
+    assert call("prune_job_runs", "--status", "failed=200", "--status", "done=1") == (
+        "deleted 1 finished run(s): failed 0 (older than 200 day(s)), done 1 (older than 1 day(s))"
+    )
+
+
+@pytest.mark.django_db
+def test_prune_shows_progress_while_it_runs():
+    for i in range(5):
+        _finished(f"p{i}", Status.DONE, 40)
+    out, err = StringIO(), StringIO()
+    call_command("prune_job_runs", "--older-than", "30", "--batch-size", "2", stdout=out, stderr=err)
+    lines = err.getvalue().splitlines()
+    assert [line.split(" run(s)")[0] for line in lines] == ["… 2", "… 4", "… 5"]
+    assert out.getvalue().strip() == "deleted 5 finished run(s) older than 30 day(s)"

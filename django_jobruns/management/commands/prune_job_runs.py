@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import time
 from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
-from django_jobruns.pruning import FINISHED, prune_job_runs
+from django_jobruns.pruning import BATCH_SIZE, FINISHED, prune_job_runs
 
 from .run_due_jobs import first_line
 
@@ -39,28 +41,76 @@ def _batch(text: str) -> int:
     return value
 
 
+def _status(text: str) -> tuple[str, float | None]:
+    """``STATUS`` or ``STATUS=DAYS``: which finished runs, and how old (DAYS overrides --older-than)."""
+    name, sep, days = text.partition("=")
+    if name not in FINISHED:
+        raise argparse.ArgumentTypeError(
+            f"invalid choice: {name!r:.50} (choose from {', '.join(map(repr, FINISHED))}, optionally =DAYS)")
+    return name, _days(days) if sep else None
+
+
 class Command(BaseCommand):
     help = (
         "Delete finished (done, failed or cancelled) job runs that ended more than --older-than days ago, "
-        "in batches."
+        "in batches, each its own short transaction. --status failed=90 --status done=7 keeps failures "
+        "longer than successes."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--older-than", type=_days, required=True, metavar="DAYS")
-        parser.add_argument("--status", action="append", choices=list(FINISHED), dest="statuses",
-                            help="only runs with this status (repeatable; default: done and failed)")
+        parser.add_argument("--older-than", type=_days, default=None, metavar="DAYS",
+                            help="age in days of the runs to delete (required unless every --status has its own)")
+        parser.add_argument("--status", action="append", type=_status, dest="statuses", metavar="STATUS[=DAYS]",
+                            help="only runs with this status, optionally with its own age in days "
+                                 "(repeatable; default: every finished status)")
         parser.add_argument("--dry-run", action="store_true", help="count what would be deleted, delete nothing")
-        parser.add_argument("--batch-size", type=_batch, default=500, help=argparse.SUPPRESS)
+        parser.add_argument("--json", action="store_true", help="print a summary as JSON")
+        parser.add_argument("--batch-size", type=_batch, default=BATCH_SIZE, help=argparse.SUPPRESS)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        default = options["older_than"]
+        if default is None and not options["statuses"]:
+            raise CommandError("--older-than DAYS is required (or give each --status its own age: --status failed=90)")
+        chosen = options["statuses"] or [(status, None) for status in FINISHED]
+        plan: dict[str, float] = {}
+        for status, days in chosen:
+            age = days if days is not None else default
+            if age is None:
+                raise CommandError(
+                    f"--status {status} has no age: give it one (--status {status}=DAYS) or give --older-than")
+            plan[status] = age
+        started = time.monotonic()
+        counts: dict[str, int] = {}
+        done_before = 0
+
+        def progress(total: int) -> None:
+            if total >= options["batch_size"] and not options["dry_run"]:
+                elapsed = max(time.monotonic() - started, 1e-9)
+                so_far = done_before + total
+                self.stderr.write(f"… {so_far} run(s) deleted so far ({so_far / elapsed:,.0f} runs/s)")
+
         try:
-            count = prune_job_runs(
-                older_than=timedelta(days=options["older_than"]),
-                statuses=options["statuses"] or FINISHED,
-                dry_run=options["dry_run"],
-                batch_size=options["batch_size"],
-            )
+            for status, age in plan.items():
+                counts[status] = prune_job_runs(
+                    older_than=timedelta(days=age), statuses=[status], dry_run=options["dry_run"],
+                    batch_size=options["batch_size"], progress=progress,
+                )
+                done_before += counts[status]
         except DatabaseError as exc:
             raise CommandError(f"cannot reach the database: {first_line(exc)}") from None
+        seconds = time.monotonic() - started
+        total = sum(counts.values())
+        if options["json"]:
+            self.stdout.write(json.dumps({
+                "dry_run": options["dry_run"], "deleted": total, "by_status": counts,
+                "older_than_days": plan, "seconds": round(seconds, 3),
+                "runs_per_second": round(total / seconds) if seconds > 0 and not options["dry_run"] else None,
+            }))
+            return
         verb = "would delete" if options["dry_run"] else "deleted"
-        self.stdout.write(f"{verb} {count} finished run(s) older than {options['older_than']:g} day(s)")
+        ages = set(plan.values())
+        if len(ages) == 1:
+            self.stdout.write(f"{verb} {total} finished run(s) older than {ages.pop():g} day(s)")
+        else:
+            parts = ", ".join(f"{status} {counts[status]} (older than {age:g} day(s))" for status, age in plan.items())
+            self.stdout.write(f"{verb} {total} finished run(s): {parts}")

@@ -1,0 +1,65 @@
+"""The operator's queries and retention use their indexes (the plans, not their text, are pinned)."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+from django.utils import timezone
+
+from django_jobruns import job_runs
+from django_jobruns.models import JobRun, Status
+from django_jobruns.pruning import prune_job_runs
+
+pytestmark = pytest.mark.django_db
+
+
+def plan(sql: str, *, bitmap: bool = False) -> str:
+    with connection.cursor() as cur:
+        if connection.vendor == "postgresql":
+            # A small table: ask which index the plan can use, as it would on a big one.
+            cur.execute("SET LOCAL enable_seqscan = off")
+            if bitmap:  # and not the id order's backward scan, which suits a common term only
+                cur.execute("SET LOCAL enable_indexscan = off")
+            cur.execute(f"EXPLAIN {sql}")
+        elif connection.vendor == "sqlite":
+            cur.execute(f"EXPLAIN QUERY PLAN {sql}")
+        else:
+            cur.execute(f"EXPLAIN {sql}")
+        return "\n".join(" ".join(str(c) for c in row) for row in cur.fetchall())
+
+
+def captured(fn):
+    with CaptureQueriesContext(connection) as ctx:
+        fn()
+    return [q["sql"] for q in ctx.captured_queries]
+
+
+def seed():
+    now = timezone.now()
+    JobRun.objects.bulk_create([
+        JobRun(module="tests", job="walk", instance=f"supplier-{i}", status=Status.DONE, live=None, started_at=now,
+               updated_at=now, ended_at=now, last_error=f"UpstreamUnavailable {i}") for i in range(50)
+    ])
+
+
+def test_job_runs_by_instance_uses_the_instance_index():
+    seed()
+    (sql,) = captured(lambda: job_runs(instance="supplier-7"))
+    assert "jobruns_instance" in plan(sql)
+
+
+def test_prune_reads_its_batches_through_the_ended_index():
+    seed()
+    queries = captured(lambda: prune_job_runs(older_than=timezone.timedelta(days=1), dry_run=True))
+    assert "jobruns_prune" in plan(queries[0])
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="trigram indexes are PostgreSQL's")
+def test_the_admin_search_uses_the_trigram_indexes(admin_client):
+    seed()
+    queries = captured(lambda: admin_client.get(reverse("admin:django_jobruns_jobrun_changelist"), {"q": "lier-4"}))
+    search = next(q for q in queries if "LIKE" in q and q.startswith('SELECT "django_jobruns_jobrun"."id"'))
+    text = plan(search, bitmap=True)
+    assert "jobruns_search_instance" in text and "jobruns_search_error" in text, text
