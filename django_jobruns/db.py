@@ -9,9 +9,13 @@ too: a replica could be behind.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connections, router
+from django.utils import timezone
 
 
 def alias() -> str:
@@ -24,3 +28,36 @@ def alias() -> str:
 def connection() -> Any:
     """The connection of :func:`alias`, for this thread."""
     return connections[alias()]
+
+
+def database_clock() -> Callable[[], datetime]:
+    """The drive's clock: the database's, on PostgreSQL and MariaDB/MySQL (D12).
+
+    Lease expiry, due-ness and backoff are compared across hosts, so they are
+    judged by one clock: the database server's, read once and carried forward
+    on this process's monotonic clock (immune to the host's clock being wrong
+    or stepped). A host whose clock runs fast therefore cannot take a live
+    lease. SQLite is one host's file: its clock is the host's.
+    """
+    wrapper = connection()
+    if wrapper.vendor == "postgresql":
+        statement = "SELECT clock_timestamp()"
+    elif wrapper.vendor == "mysql":
+        statement = "SELECT UTC_TIMESTAMP(6)"
+    else:
+        return timezone.now
+    before = time.monotonic()
+    with wrapper.cursor() as cur:
+        cur.execute(statement)
+        row = cur.fetchone()
+    after = time.monotonic()
+    value: datetime = row[0]
+    if timezone.is_naive(value):
+        value = value.replace(tzinfo=UTC)
+    # The server read its clock somewhere inside the round trip: take the middle.
+    middle = (before + after) / 2
+
+    def now() -> datetime:
+        return value + timedelta(seconds=time.monotonic() - middle)
+
+    return now

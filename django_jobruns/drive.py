@@ -173,7 +173,7 @@ def _selected_jobs(value: Any) -> list[Job]:
 
 def _clock(value: Any) -> Callable[[], datetime]:
     if value is None:
-        return timezone.now
+        return db.database_clock()
     if not callable(value):
         raise InvalidDriveOptions(f"now must be a callable returning an aware datetime, got {value!r}")
     return value  # type: ignore[no-any-return]
@@ -215,9 +215,11 @@ def run_due_jobs(
     ttl = _lease_ttl(lease_ttl)
     holder = _holder_name(holder)
     selected = _selected_jobs(jobs)
-    clock = _clock(now)
     if stop is not None and not callable(getattr(stop, "is_set", None)):
         raise InvalidDriveOptions(f"stop must be a threading.Event (or have is_set()), got {stop!r}")
+    if now is not None and not callable(now):
+        raise InvalidDriveOptions(f"now must be a callable returning an aware datetime, got {now!r}")
+    clock = _clock(now)
     started = clock()
     if not isinstance(started, datetime) or timezone.is_naive(started):
         raise InvalidDriveOptions(f"now() must return an aware datetime, got {started!r}")

@@ -17,6 +17,9 @@ if TYPE_CHECKING:
 Handler = Callable[["Pass"], Mapping[str, Any] | None]
 
 _lock = threading.Lock()
+
+#: The shortest lease ``@job(lease=...)`` accepts.
+MIN_LEASE = timedelta(seconds=5)
 _jobs: dict[tuple[str, str], Job] = {}
 
 
@@ -87,6 +90,11 @@ def job(
         length = as_timedelta(lease)
         if length is None or length <= timedelta(0):
             raise ValueError(f"lease must be a positive timedelta or number of seconds, got {lease!r}")
+        if length < MIN_LEASE:
+            raise ValueError(
+                f"lease must be at least {MIN_LEASE.total_seconds():g} seconds, got {lease!r}: a lease shorter "
+                "than a database round trip under load lapses between a step's writes"
+            )
     if name is not None and (not isinstance(name, str) or not name or "." in name or len(name) > 100):
         raise ValueError(f"job name must be non-empty text without dots, at most 100 characters; got {name!r}")
     if retry is not None and not isinstance(retry, RetryPolicy):

@@ -20,3 +20,13 @@ if _db["ENGINE"].endswith("sqlite3") and os.environ.get("JOBRUNS_SQLITE_DEFAULTS
     # timeout, the rollback journal. The engine must be correct on it.
     _db["OPTIONS"] = {}
     SILENCED_SYSTEM_CHECKS = ["jobruns.W001"]  # the advice for throughput, expected here
+
+if os.environ.get("JOBRUNS_TEST_CLOCK_SKEW"):
+    # A worker process whose host clock is wrong by this many seconds (the skew tests).
+    from datetime import timedelta as _timedelta
+
+    from django.utils import timezone as _timezone
+
+    _real_now = _timezone.now
+    _skew = _timedelta(seconds=float(os.environ["JOBRUNS_TEST_CLOCK_SKEW"]))
+    _timezone.now = lambda: _real_now() + _skew

@@ -61,6 +61,8 @@ def test_bad_registrations_are_refused():
         job(lease=0)
     with pytest.raises(ValueError, match="lease must be a positive"):
         job(lease=float("inf"))
+    with pytest.raises(ValueError, match="lease must be at least 5 seconds"):
+        job(lease=timedelta(seconds=1))
     with pytest.raises(ValueError, match="without dots"):
         job("a.b")
     with pytest.raises(TypeError, match="RetryPolicy"):

@@ -305,3 +305,24 @@ def test_a_job_lease_overrides_the_drive_lease(clock):
         assert seen == [clock.now + timedelta(hours=2)]
     finally:
         unregister("tests.long_lease")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif("connection.vendor == 'sqlite'", reason="SQLite is one host's file: its clock is the host's")
+def test_a_worker_whose_clock_runs_ten_minutes_fast_cannot_take_a_live_lease(effects):
+    jobs.BEHAVIOUR["held"] = lambda p: {"done": True}
+    run, _ = start_job_run("tests.walk", instance="held", payload={"log": str(effects)})
+    held_until = timezone.now() + timedelta(minutes=5)
+    JobRun.objects.filter(pk=run.pk).update(lease_holder="live-worker", lease_expires_at=held_until, lease_fence=7)
+    worker = manage("run_due_jobs", "--json", extra_env={"JOBRUNS_TEST_CLOCK_SKEW": "600"})
+    out, err = worker.communicate(timeout=120)
+    assert worker.returncode == 0, err
+    assert '"attempted": 0' in out
+    after = JobRun.objects.get(pk=run.pk)
+    assert (after.lease_holder, after.lease_fence, after.attempts) == ("live-worker", 7, 0)
+    assert effect_lines(effects) == []
+    # Its own clock still stamps what it starts: the skew is real in that process.
+    starter = manage("start_job_run", "tests.walk", "--instance", "stamped",
+                     extra_env={"JOBRUNS_TEST_CLOCK_SKEW": "600"})
+    starter.communicate(timeout=120)
+    assert JobRun.objects.get(instance="stamped").started_at > timezone.now() + timedelta(minutes=9)
