@@ -8,6 +8,7 @@ the lease is given back in ``finally``.
 
 from __future__ import annotations
 
+import enum
 import logging
 import math
 import os
@@ -27,7 +28,7 @@ from django.utils import timezone
 from . import conf, db, sql, waiting
 from .exceptions import InvalidDriveOptions
 from .models import JobRun, Status
-from .passes import TRANSIENT, Claim, PassOutcome, _summary, fail_abandoned, load_ledger
+from .passes import TRANSIENT, Claim, Outcome, PassOutcome, _summary, fail_abandoned, load_ledger
 from .passes import run_pass as run_pass  # re-exported: the testing helpers observe it here
 from .registry import Job, get_job, lookup, registered_jobs
 from .retry import as_timedelta
@@ -55,6 +56,18 @@ def default_holder() -> str:
         if _holder is None or _holder[0] != pid:
             _holder = (pid, f"{socket.gethostname()}:{pid}:{secrets.token_hex(4)}")
         return _holder[1]
+
+
+class Count(enum.Enum):
+    """The drive's own counts (the passes' outcomes are counted by :class:`Outcome`)."""
+
+    ATTEMPTED = "attempted"
+    SKIPPED = "skipped"
+    STALE = "stale"
+    LOST = "lost"
+    UNRELEASED = "unreleased"
+    UNREGISTERED = "unregistered"
+    TAKEN_OVER = "taken_over"
 
 
 @dataclass
@@ -89,13 +102,36 @@ class DriveReport:
     #: Counts the one-line summary shows only when they are not zero.
     RARE = ("unregistered", "taken_over")
 
-    def add(self, name: str, by: int = 1) -> None:
+    def add(self, count: Count) -> None:
         with self._lock:
-            setattr(self, name, getattr(self, name) + by)
+            if count is Count.ATTEMPTED:
+                self.attempted += 1
+            elif count is Count.SKIPPED:
+                self.skipped += 1
+            elif count is Count.STALE:
+                self.stale += 1
+            elif count is Count.LOST:
+                self.lost += 1
+            elif count is Count.UNRELEASED:
+                self.unreleased += 1
+            elif count is Count.UNREGISTERED:
+                self.unregistered += 1
+            elif count is Count.TAKEN_OVER:
+                self.taken_over += 1
 
     def record(self, run_id: str, outcome: PassOutcome) -> None:
         with self._lock:
-            setattr(self, outcome.status, getattr(self, outcome.status) + 1)
+            status = outcome.status
+            if status is Outcome.ADVANCED:
+                self.advanced += 1
+            elif status is Outcome.COMPLETED:
+                self.completed += 1
+            elif status is Outcome.RETRYING:
+                self.retrying += 1
+            elif status is Outcome.FAILED:
+                self.failed += 1
+            elif status is Outcome.LOST:
+                self.lost += 1
             if outcome.error is not None:
                 self.errors.append((run_id, outcome.error))
             if outcome.warning is not None:
@@ -319,7 +355,7 @@ def _due_rows(selected: list[Job], now: datetime, limit: int, scan_max: int, rep
             if (row[2], row[3]) in wanted:
                 found.append(row)
             elif lookup(row[2], row[3]) is None:
-                report.add("unregistered")
+                report.add(Count.UNREGISTERED)
         if len(batch) < page:
             break  # the end of the due runs
         after = batch[-1][0]
@@ -394,21 +430,21 @@ class _Drive:
                 db.connection().close_if_unusable_or_obsolete()
             taken = None
         if taken is None:
-            self.report.add("skipped")
+            self.report.add(Count.SKIPPED)
             with self.slots_lock:
                 self.slots += 1
             return True
         claim, row = taken
-        self.report.add("attempted")
+        self.report.add(Count.ATTEMPTED)
         if held_by is not None:
-            self.report.add("taken_over")
+            self.report.add(Count.TAKEN_OVER)
         released = False
         try:
             # Checked under the claim (the claim's own re-read): only then is the
             # answer stable. The due read was a snapshot, and the run may have
             # been finished or rescheduled out of band since.
             if row.run.status != Status.RUNNING or not row.due:
-                self.report.add("stale")
+                self.report.add(Count.STALE)
                 return True
             run = row.run
             if held_by is not None and (job.retry or conf.default_retry()).exhausted(run.attempts):
@@ -430,7 +466,7 @@ class _Drive:
                         released = True
                     raise
                 self.report.record(run_id, outcome)
-                if outcome.status != "advanced" or last:
+                if outcome.status is not Outcome.ADVANCED or last:
                     # Every final write released the lease; a lost pass has none to give back.
                     released = True
                     break
@@ -439,7 +475,7 @@ class _Drive:
                 # The next pass resumes from what the store says was committed.
                 fresh = sql.read_run(run_id, self.clock())
                 if fresh is None or fresh.run.lease_fence != claim.fence or fresh.run.status != Status.RUNNING:
-                    self.report.add("lost")
+                    self.report.add(Count.LOST)
                     released = True
                     break
                 if not fresh.due:
@@ -465,7 +501,7 @@ class _Drive:
             # Never raised: this runs in a finally that may be unwinding the
             # pass's own error, which is the one the operator needs to see.
             logger.exception("run %s: the lease could not be released; it lapses at its expiry", claim.run_id)
-            self.report.add("unreleased")
+            self.report.add(Count.UNRELEASED)
 
 
 def drive_run(

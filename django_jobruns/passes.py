@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import enum
 import json
 import logging
 import math
@@ -111,11 +112,26 @@ class _LedgerRow:
     last_error: str | None
 
 
+class Outcome(enum.StrEnum):
+    """What one pass did (each is also the drive report's count of it)."""
+
+    ADVANCED = "advanced"
+    """Committed, the run still running."""
+    COMPLETED = "completed"
+    """Committed, the run done."""
+    RETRYING = "retrying"
+    """Failed, a retry scheduled."""
+    FAILED = "failed"
+    """Failed, the run failed."""
+    LOST = "lost"
+    """Fenced out: another claim took the run; nothing written."""
+
+
 @dataclass(frozen=True)
 class PassOutcome:
-    """What one pass did: ``advanced``, ``completed``, ``retrying``, ``failed`` or ``lost``."""
+    """What one pass did, with the error or warning to report."""
 
-    status: str
+    status: Outcome
     error: str | None = None
     warning: str | None = None
 
@@ -432,7 +448,7 @@ def run_pass(
         returned = job.handler(p)
         cursor, done = interpret_result(returned, run.cursor)
     except LeaseLost:
-        return PassOutcome("lost")
+        return PassOutcome(Outcome.LOST)
     except BaseException as exc:
         escaping = not isinstance(exc, Exception)
         if isinstance(exc, AbandonPass):
@@ -440,7 +456,7 @@ def run_pass(
         if p is not None and p._lost:
             if escaping:
                 raise
-            return PassOutcome("lost")
+            return PassOutcome(Outcome.LOST)
         if p is not None and p._store_failed is not None:
             # The engine's own write failed (a lock, a dropped connection):
             # nothing of this pass is charged to the job; the drive reports it.
@@ -491,7 +507,7 @@ def run_pass(
         with _savepoint_if_nested():
             held = sql.commit_fenced(run.id, claim.fence, fields, drop_ledger=bool(ledger))
         if not held:
-            return PassOutcome("lost")
+            return PassOutcome(Outcome.LOST)
     else:
         def commit() -> bool:
             with transaction.atomic(using=db.alias()):
@@ -502,7 +518,7 @@ def run_pass(
                 return True
 
         if not retry_deadlocks(commit, f"run {run.id}: pass commit"):
-            return PassOutcome("lost")
+            return PassOutcome(Outcome.LOST)
     if signals.pass_committed.has_listeners() or (done and signals.run_completed.has_listeners()):
         identity = {"run_id": run.id, "module": run.module, "job": run.job, "instance": run.instance}
         decoded_cursor = json.loads(cursor) if cursor is not None else None
@@ -511,7 +527,7 @@ def run_pass(
                                   done=done)
         if done:
             signals.send_after_commit(signals.run_completed, **identity, cursor=decoded_cursor, counters=counters)
-    return PassOutcome("completed" if done else "advanced", warning=warning)
+    return PassOutcome(Outcome.COMPLETED if done else Outcome.ADVANCED, warning=warning)
 
 
 def _fail(run: JobRun, job: Job, claim: Claim, p: Pass | None, exc: BaseException) -> PassOutcome:
@@ -547,7 +563,7 @@ def _fail(run: JobRun, job: Job, claim: Claim, p: Pass | None, exc: BaseExceptio
     else:
         fields["next_attempt_at"] = policy.next_attempt_at(against, now)
     if not retry_deadlocks(lambda: claim.write(**fields), f"run {run.id}: failed pass"):
-        return PassOutcome("lost")
+        return PassOutcome(Outcome.LOST)
     logger.warning("run %s (%s.%s) pass failed%s: %s", run.id, run.module, run.job,
                    " and the run is failed" if exhausted else ", will retry", summary)
     if exhausted:
@@ -557,7 +573,7 @@ def _fail(run: JobRun, job: Job, claim: Claim, p: Pass | None, exc: BaseExceptio
             counters = {}
         signals.send_after_commit(signals.run_failed, run_id=run.id, module=run.module, job=run.job,
                                   instance=run.instance, error=summary, counters=counters)
-    return PassOutcome("failed" if exhausted else "retrying", error=summary)
+    return PassOutcome(Outcome.FAILED if exhausted else Outcome.RETRYING, error=summary)
 
 
 def fail_abandoned(run: JobRun, claim: Claim, held_by: str) -> PassOutcome:
@@ -578,7 +594,7 @@ def fail_abandoned(run: JobRun, claim: Claim, held_by: str) -> PassOutcome:
         updated_at=now, lease_holder=None, lease_expires_at=None,
     )
     if not written:
-        return PassOutcome("lost")
+        return PassOutcome(Outcome.LOST)
     logger.warning("run %s (%s.%s) failed: %s", run.id, run.module, run.job, summary)
     try:
         counters = decode_counters(run.counters)
@@ -586,4 +602,4 @@ def fail_abandoned(run: JobRun, claim: Claim, held_by: str) -> PassOutcome:
         counters = {}
     signals.send_after_commit(signals.run_failed, run_id=run.id, module=run.module, job=run.job,
                               instance=run.instance, error=summary, counters=counters)
-    return PassOutcome("failed", error=summary)
+    return PassOutcome(Outcome.FAILED, error=summary)

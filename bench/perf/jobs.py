@@ -25,3 +25,20 @@ def io_steps(p: Any) -> dict[str, Any]:
     p.count("passes")
     following = position + 1
     return {"cursor": following, "done": following >= p.payload["passes"]}
+
+
+@job()
+def stamp(p: Any) -> dict[str, Any]:
+    """One step that records when its body started, kept in a counter (the latency bench's evidence)."""
+    p.count("body_at", p.step("stamp", time.time))
+    return {"done": True}
+
+
+@job()
+def chunked(p: Any) -> dict[str, Any]:
+    """``passes`` passes of one trivial step each (the backlog bench)."""
+    position = p.cursor or 0
+    p.step(f"s{position}", lambda: position)
+    p.count("passes")
+    following = position + 1
+    return {"cursor": following, "done": following >= p.payload["passes"]}

@@ -1,0 +1,157 @@
+#!/usr/bin/env python
+"""The operator's pages and retention with many retained runs.
+
+    python bench/scale.py --db {sqlite,postgres} --size N [--rounds R] [--plans]
+
+Fills a fresh database with N runs (half done, a quarter failed with an error
+text, a quarter running; started and ended over the last 30 days), ANALYZEs
+it, then renders each operator page's first page as a logged-in superuser with
+Django's test client, R rounds interleaved, and reports each page's median
+time and query count; ``--plans`` prints the plan of each page's main query.
+Last, it prunes the runs that ended more than 8 days ago and reports rows/s.
+Goals (issue "Ten million retained runs"): pages ≤ 200 ms at 1 000 000 on
+PostgreSQL, ≤ 500 ms on SQLite; prune ≥ 50 000 rows/s on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import drop_database, fresh_database, median, setup_django  # noqa: E402
+
+FILL = {
+    # id: zero-padded, so the order of ids is the order of starts, as ULIDs are.
+    "postgresql": """
+        INSERT INTO django_jobruns_jobrun (id, module, job, instance, live, payload, status, cursor, counters,
+            attempts, last_error, started_at, updated_at, ended_at, lease_fence)
+        SELECT lpad(i::text, 26, '0'), 'demo', 'import_catalog', 'supplier-' || i,
+            CASE WHEN i % 4 = 3 THEN TRUE END, '{}',
+            CASE i % 4 WHEN 0 THEN 'done' WHEN 1 THEN 'done' WHEN 2 THEN 'failed' ELSE 'running' END,
+            '1', '{"imported": 1}', 0,
+            CASE WHEN i % 4 = 2 THEN 'UpstreamUnavailable: supplier ' || i || ' reset after page ' || (i % 97) END,
+            now() - (i % 2592000) * interval '1 second', now(),
+            CASE WHEN i % 4 <> 3 THEN now() - (i % 2592000) * interval '1 second' END, 1
+        FROM generate_series(1, %s) AS i
+    """,
+    "sqlite": """
+        WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < %s)
+        INSERT INTO django_jobruns_jobrun (id, module, job, instance, live, payload, status, cursor, counters,
+            attempts, last_error, started_at, updated_at, ended_at, lease_fence)
+        SELECT printf('%%026d', i), 'demo', 'import_catalog', 'supplier-' || i,
+            CASE WHEN i % 4 = 3 THEN 1 END, '{}',
+            CASE i % 4 WHEN 0 THEN 'done' WHEN 1 THEN 'done' WHEN 2 THEN 'failed' ELSE 'running' END,
+            '1', '{"imported": 1}', 0,
+            CASE WHEN i % 4 = 2 THEN 'UpstreamUnavailable: supplier ' || i || ' reset after page ' || (i % 97) END,
+            datetime('now', '-' || (i % 2592000) || ' seconds'), datetime('now'),
+            CASE WHEN i % 4 <> 3 THEN datetime('now', '-' || (i % 2592000) || ' seconds') END, 1
+        FROM n
+    """,
+}
+
+
+def pages(size: int) -> dict[str, tuple[str, dict[str, str]]]:
+    rare = size // 2 + 2 - (size // 2 + 2) % 4 + 2  # a failed run's number, about half-way
+    changelist = "/admin/django_jobruns/jobrun/"
+    return {
+        "changelist, unfiltered": (changelist, {}),
+        "status = failed": (changelist, {"status__exact": "failed"}),
+        "status = running": (changelist, {"status__exact": "running"}),
+        "job filter": (changelist, {"job": "demo.import_catalog"}),
+        "search: rare instance": (changelist, {"q": f"supplier-{rare}"}),
+        "search: rare error text": (changelist, {"q": f"supplier {rare} reset"}),
+        "search: exact id": (changelist, {"q": str(rare).zfill(26)}),
+        "started-at range (one day)": (changelist, {"started_at__range__gte_0": _day(3),
+                                                   "started_at__range__lte_0": _day(2)}),
+        "ended-at range (one day)": (changelist, {"ended_at__range__gte_0": _day(3),
+                                                 "ended_at__range__lte_0": _day(2)}),
+        "deep page (p=200)": (changelist, {"p": "200"}),
+        "change view": (f"{changelist}{str(rare).zfill(26)}/change/", {}),
+    }
+
+
+def _day(days_ago: int) -> str:
+    from datetime import date, timedelta
+
+    return (date.today() - timedelta(days=days_ago)).isoformat()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--db", choices=["sqlite", "postgres"], required=True)
+    parser.add_argument("--size", type=int, default=100_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--plans", action="store_true")
+    parser.add_argument("--keep", action="store_true", help="keep the database (PostgreSQL: bench_scale)")
+    args = parser.parse_args()
+
+    setup_django(fresh_database(args.db, "bench_scale"))
+    from django.contrib.auth.models import User
+    from django.db import connection
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    from django_jobruns import job_runs
+
+    started = time.monotonic()
+    with connection.cursor() as cur:
+        cur.execute(FILL[connection.vendor].replace("%s", str(int(args.size))))
+        cur.execute("ANALYZE")
+    print(f"filled {args.size} runs in {time.monotonic() - started:.1f} s ({connection.vendor})")
+    User.objects.create_superuser("bench", password="x")
+    client = Client()
+    client.force_login(User.objects.get(username="bench"))
+    rare = args.size // 2 + 2 - (args.size // 2 + 2) % 4 + 2
+    targets = {name: (lambda url=url, params=params: client.get(url, params)) for name, (url, params) in
+               pages(args.size).items()}
+    targets["job_runs(instance=…)"] = lambda: job_runs(instance=f"supplier-{rare}")
+    targets["job_runs(status='failed')"] = lambda: job_runs(status="failed")
+    targets["job_runs(job='demo.import_catalog')"] = lambda: job_runs(job="demo.import_catalog")
+    times: dict[str, list[float]] = {name: [] for name in targets}
+    queries: dict[str, int] = {}
+    plans: dict[str, str] = {}
+    for name, fn in targets.items():  # warm-up, counted and explained once
+        with CaptureQueriesContext(connection) as ctx:
+            response = fn()
+        if hasattr(response, "status_code") and response.status_code != 200:
+            raise SystemExit(f"{name}: HTTP {response.status_code}")
+        queries[name] = len(ctx.captured_queries)
+        if args.plans:
+            main_query = max(ctx.captured_queries, key=lambda q: float(q["time"]))["sql"]
+            with connection.cursor() as cur:
+                cur.execute(("EXPLAIN (ANALYZE, BUFFERS) " if connection.vendor == "postgresql"
+                             else "EXPLAIN QUERY PLAN ") + main_query)
+                plans[name] = "\n".join(" ".join(str(c) for c in row) for row in cur.fetchall())
+    for _ in range(args.rounds):
+        for name, fn in targets.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append((time.perf_counter() - t0) * 1000)
+    print(f"\n| page ({args.size:,} runs, {connection.vendor}) | median ms | queries |")
+    print("|---|---|---|")
+    for name in targets:
+        print(f"| {name} | {median(times[name]):.0f} | {queries[name]} |")
+    if args.plans:
+        for name, text in plans.items():
+            print(f"\n### {name}\n```\n{text}\n```")
+
+    from datetime import timedelta
+
+    from django_jobruns.pruning import prune_job_runs
+
+    t0 = time.perf_counter()
+    deleted = prune_job_runs(older_than=timedelta(days=8))
+    seconds = time.perf_counter() - t0
+    print(f"\nprune --older-than 8: deleted={deleted} seconds={seconds:.1f} rows_per_s={deleted / seconds:.0f}")
+    if not args.keep:
+        connection.close()
+        drop_database(args.db, "bench_scale")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
