@@ -344,7 +344,7 @@ def _due_rows(selected: list[Job], now: datetime, limit: int, scan_max: int, rep
     wanted = {entry.key for entry in selected}
     found: list[DueRow] = []
     scanned = 0
-    after = ""
+    after: tuple[Any, str] | None = None
     while len(found) < limit and scanned < scan_max:
         # Pages of at least 50 rows, so that a small limit behind many orphans
         # costs a few reads rather than one per orphan.
@@ -353,12 +353,12 @@ def _due_rows(selected: list[Job], now: datetime, limit: int, scan_max: int, rep
         scanned += len(batch)
         for row in batch:
             if (row[2], row[3]) in wanted:
-                found.append(row)
+                found.append((row[0], row[1], row[2], row[3], row[4]))
             elif lookup(row[2], row[3]) is None:
                 report.add(Count.UNREGISTERED)
         if len(batch) < page:
             break  # the end of the due runs
-        after = batch[-1][0]
+        after = (batch[-1][5], batch[-1][0])
     return found[:limit]
 
 

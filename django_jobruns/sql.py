@@ -97,16 +97,21 @@ class _Statements:
             f"FROM {step} WHERE {step}.{q('run_id')} = claimed.{q('id')}) FROM claimed"
         )
         self.read_run = f"SELECT {self.columns} FROM {run} WHERE {q('id')} = %s"
-        # The due read (JobRunQuerySet.due, ordered by id): a range of the
-        # jobruns_due index over the runs in flight.
+        # The due read (JobRunQuerySet.due().in_due_order()): runs in the order
+        # they became due -- a run backing off since its next attempt, any
+        # other since its start -- then by id; on PostgreSQL and SQLite one
+        # range of the partial jobruns_due_order index over the runs in flight.
+        since = f"COALESCE({q('next_attempt_at')}, {q('started_at')})"
         due = (
-            f"SELECT {q('id')}, {q('lease_fence')}, {q('module')}, {q('job')}, {q('lease_holder')} FROM {run} "
-            f"WHERE {q('status')} = 'running' AND {q('paused_at')} IS NULL "
+            f"SELECT {q('id')}, {q('lease_fence')}, {q('module')}, {q('job')}, {q('lease_holder')}, {since} "
+            f"FROM {run} WHERE {q('status')} = 'running' AND {q('paused_at')} IS NULL "
             f"AND ({q('next_attempt_at')} IS NULL OR {q('next_attempt_at')} <= %s) "
             f"AND ({q('lease_expires_at')} IS NULL OR {q('lease_expires_at')} <= %s)"
         )
-        self.due_first = f"{due} ORDER BY {q('id')} LIMIT %s"
-        self.due_after = f"{due} AND {q('id')} > %s ORDER BY {q('id')} LIMIT %s"
+        self.due_first = f"{due} ORDER BY {since}, {q('id')} LIMIT %s"
+        self.due_after = (
+            f"{due} AND ({since} > %s OR ({since} = %s AND {q('id')} > %s)) ORDER BY {since}, {q('id')} LIMIT %s"
+        )
         self.ledger = (
             f"SELECT {q('step')}, {q('result')}, {q('attempts')}, {q('last_error')} FROM {step} "
             f"WHERE {q('run_id')} = %s"
@@ -246,13 +251,18 @@ def read_run(run_id: str, now: datetime) -> ClaimedRow | None:
     return _run_from(row, now, wrapper) if row is not None else None
 
 
-def due(now: datetime, after: str, limit: int) -> list[tuple[str, int, str, str, str | None]]:
-    """Up to ``limit`` due runs with ids above ``after`` (all, if empty), oldest first."""
+def due(now: datetime, after: tuple[Any, str] | None, limit: int) -> list[tuple[Any, ...]]:
+    """Up to ``limit`` due runs after ``after`` (all, if ``None``), in the order they became due.
+
+    Each row is ``(id, fence, module, job, holder, due since)``; ``after`` is
+    the last row's ``(due since, id)``, as read.
+    """
     wrapper, st = _db()
     at = wrapper.ops.adapt_datetimefield_value(now)
     with wrapper.cursor() as cur:
-        if after:
-            cur.execute(st.due_after, [at, at, after, limit])
+        if after is not None:
+            since, run_id = after
+            cur.execute(st.due_after, [at, at, since, since, run_id, limit])
         else:
             cur.execute(st.due_first, [at, at, limit])
         return list(cur.fetchall())

@@ -281,3 +281,53 @@ def test_d2_a_claim_lost_to_another_worker_is_made_up_from_the_spares(behaviour,
     assert lost == [runs[0].id]
     assert report.skipped == 1 and report.attempted == 2 and report.advanced == 2
     assert JobRun.objects.filter(cursor="1").count() == 2
+
+
+@pytest.mark.django_db
+def test_d9_a_run_that_backed_off_queues_behind_runs_that_became_due_before_it():
+    from tests import jobs
+    from tests.conftest import Clock
+
+    clock = Clock()
+    calls = []
+
+    def handler(p):
+        calls.append(p.run.instance)
+        if p.run.instance == "first" and calls.count("first") == 1:
+            raise ConnectionError("upstream down")
+        return {"done": True}
+
+    jobs.BEHAVIOUR.update({"first": handler, "second": handler})
+    first, _ = start_job_run("tests.scripted", instance="first")  # the older id
+    assert run_due_jobs(now=clock).retrying == 1
+    clock.advance(minutes=30)
+    second, _ = start_job_run("tests.scripted", instance="second")
+    # "second" became due 10 minutes ago (its start); "first" when its backoff ended, 5 minutes ago.
+    JobRun.objects.filter(pk=second.pk).update(started_at=clock.now - timedelta(minutes=10))
+    JobRun.objects.filter(pk=first.pk).update(next_attempt_at=clock.now - timedelta(minutes=5))
+    assert run_due_jobs(now=clock, limit=1).completed == 1
+    assert calls[-1] == "second"
+    assert run_due_jobs(now=clock, limit=1).completed == 1
+    assert calls[-1] == "first"
+
+
+@pytest.mark.django_db
+def test_d9_the_orm_and_the_drives_due_read_agree():
+    from django_jobruns import sql
+    from tests.conftest import Clock
+
+    clock = Clock()
+    runs = [start_job_run("tests.walk", instance=f"agree{i}")[0] for i in range(6)]
+    JobRun.objects.filter(pk=runs[1].pk).update(next_attempt_at=clock.now - timedelta(seconds=1))
+    JobRun.objects.filter(pk=runs[2].pk).update(next_attempt_at=clock.now + timedelta(hours=1))  # not due
+    JobRun.objects.filter(pk=runs[3].pk).update(paused_at=clock.now)  # not due
+    JobRun.objects.filter(pk=runs[4].pk).update(lease_holder="h", lease_expires_at=clock.now + timedelta(1))
+    JobRun.objects.filter(pk=runs[5].pk).update(started_at=clock.now - timedelta(days=3))
+    orm = list(JobRun.objects.due(clock.now).in_due_order().values_list("id", flat=True))
+    raw = [row[0] for row in sql.due(clock.now, None, 50)]
+    assert orm == raw and set(orm) == {runs[0].pk, runs[1].pk, runs[5].pk}
+    assert orm[0] == runs[5].pk, "the oldest start first"
+    # Paging after a row continues in the same order.
+    first_page = sql.due(clock.now, None, 1)
+    rest = [row[0] for row in sql.due(clock.now, (first_page[0][5], first_page[0][0]), 50)]
+    assert [first_page[0][0], *rest] == raw

@@ -63,3 +63,18 @@ def test_the_admin_search_uses_the_trigram_indexes(admin_client):
     search = next(q for q in queries if "LIKE" in q and q.startswith('SELECT "django_jobruns_jobrun"."id"'))
     text = plan(search, bitmap=True)
     assert "jobruns_search_instance" in text and "jobruns_search_error" in text, text
+
+
+@pytest.mark.skipif("connection.vendor == 'mysql'", reason="MariaDB has no partial expression indexes")
+def test_the_due_read_is_a_range_of_the_due_order_index():
+    from django_jobruns import sql
+
+    now = timezone.now()
+    JobRun.objects.bulk_create([
+        JobRun(module="tests", job="walk", instance=f"h{i}", status=Status.DONE, live=None, started_at=now,
+               updated_at=now, ended_at=now) for i in range(2000)
+    ] + [JobRun(module="tests", job="walk", instance=f"r{i}", started_at=now, updated_at=now) for i in range(1000)])
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE")
+    queries = captured(lambda: sql.due(timezone.now(), None, 50))
+    assert "jobruns_due_order" in plan(queries[0])
