@@ -34,8 +34,8 @@ FILL = {
             CASE i % 4 WHEN 0 THEN 'done' WHEN 1 THEN 'done' WHEN 2 THEN 'failed' ELSE 'running' END,
             '1', '{"imported": 1}', 0,
             CASE WHEN i % 4 = 2 THEN 'UpstreamUnavailable: supplier ' || i || ' reset after page ' || (i % 97) END,
-            now() - (i % 2592000) * interval '1 second', now(),
-            CASE WHEN i % 4 <> 3 THEN now() - (i % 2592000) * interval '1 second' END, 1
+            now() - ((i::bigint * 2592000) / %s) * interval '1 second', now(),
+            CASE WHEN i % 4 <> 3 THEN now() - ((i::bigint * 2592000) / %s) * interval '1 second' END, 1
         FROM generate_series(1, %s) AS i
     """,
     "sqlite": """
@@ -47,8 +47,8 @@ FILL = {
             CASE i % 4 WHEN 0 THEN 'done' WHEN 1 THEN 'done' WHEN 2 THEN 'failed' ELSE 'running' END,
             '1', '{"imported": 1}', 0,
             CASE WHEN i % 4 = 2 THEN 'UpstreamUnavailable: supplier ' || i || ' reset after page ' || (i % 97) END,
-            datetime('now', '-' || (i % 2592000) || ' seconds'), datetime('now'),
-            CASE WHEN i % 4 <> 3 THEN datetime('now', '-' || (i % 2592000) || ' seconds') END, 1
+            datetime('now', '-' || ((i * 2592000) / %s) || ' seconds'), datetime('now'),
+            CASE WHEN i % 4 <> 3 THEN datetime('now', '-' || ((i * 2592000) / %s) || ' seconds') END, 1
         FROM n
     """,
 }
