@@ -4,7 +4,8 @@
     python bench/scale.py --db {sqlite,postgres} --size N [--rounds R] [--plans]
 
 Fills a fresh database with N runs (half done, a quarter failed with an error
-text, a quarter running; started and ended over the last 30 days), ANALYZEs
+text, a quarter running; started and ended over the last 30 days, in id order
+as ULIDs are), ANALYZEs
 it, then renders each operator page's first page as a logged-in superuser with
 Django's test client, R rounds interleaved, and reports each page's median
 time and query count; ``--plans`` prints the plan of each page's main query.
@@ -34,21 +35,21 @@ FILL = {
             CASE i % 4 WHEN 0 THEN 'done' WHEN 1 THEN 'done' WHEN 2 THEN 'failed' ELSE 'running' END,
             '1', '{"imported": 1}', 0,
             CASE WHEN i % 4 = 2 THEN 'UpstreamUnavailable: supplier ' || i || ' reset after page ' || (i % 97) END,
-            now() - ((i::bigint * 2592000) / %s) * interval '1 second', now(),
-            CASE WHEN i % 4 <> 3 THEN now() - ((i::bigint * 2592000) / %s) * interval '1 second' END, 1
+            now() - (((%s - i)::bigint * 2592000) / %s) * interval '1 second', now(),
+            CASE WHEN i % 4 <> 3 THEN now() - (((%s - i)::bigint * 2592000) / %s) * interval '1 second' END, 1
         FROM generate_series(1, %s) AS i
     """,
     "sqlite": """
         WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < %s)
         INSERT INTO django_jobruns_jobrun (id, module, job, instance, live, payload, status, cursor, counters,
             attempts, last_error, started_at, updated_at, ended_at, lease_fence)
-        SELECT printf('%%026d', i), 'demo', 'import_catalog', 'supplier-' || i,
+        SELECT printf('%026d', i), 'demo', 'import_catalog', 'supplier-' || i,
             CASE WHEN i % 4 = 3 THEN 1 END, '{}',
             CASE i % 4 WHEN 0 THEN 'done' WHEN 1 THEN 'done' WHEN 2 THEN 'failed' ELSE 'running' END,
             '1', '{"imported": 1}', 0,
             CASE WHEN i % 4 = 2 THEN 'UpstreamUnavailable: supplier ' || i || ' reset after page ' || (i % 97) END,
-            datetime('now', '-' || ((i * 2592000) / %s) || ' seconds'), datetime('now'),
-            CASE WHEN i % 4 <> 3 THEN datetime('now', '-' || ((i * 2592000) / %s) || ' seconds') END, 1
+            datetime('now', '-' || (((%s - i) * 2592000) / %s) || ' seconds'), datetime('now'),
+            CASE WHEN i % 4 <> 3 THEN datetime('now', '-' || (((%s - i) * 2592000) / %s) || ' seconds') END, 1
         FROM n
     """,
 }

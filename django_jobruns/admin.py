@@ -15,7 +15,7 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import connections
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
@@ -23,6 +23,7 @@ from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
+from django.utils.timesince import timesince, timeuntil
 from django.views.decorators.http import require_POST
 from rangefilter.filters import DateRangeFilterBuilder
 
@@ -163,6 +164,36 @@ class JobFilter(admin.SimpleListFilter):
         return queryset.filter(module=module, job=name)
 
 
+class StateFilter(admin.SimpleListFilter):
+    """What an operator looks for at 3 a.m.: runs backing off, leased, with a lapsed lease, paused, orphaned."""
+
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("backoff", "in backoff"), ("leased", "leased"), ("lapsed", "lease lapsed"), ("paused", "paused"),
+                ("unregistered", "job not registered here")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> QuerySet[JobRun]:
+        now = timezone.now()
+        running = queryset.filter(status=Status.RUNNING)
+        value = self.value()
+        if value == "backoff":
+            return running.filter(next_attempt_at__gt=now)
+        if value == "leased":
+            return running.filter(lease_holder__isnull=False, lease_expires_at__gt=now)
+        if value == "lapsed":
+            return running.filter(lease_holder__isnull=False, lease_expires_at__lte=now)
+        if value == "paused":
+            return running.filter(paused_at__isnull=False)
+        if value == "unregistered":
+            known = Q()
+            for entry in registered_jobs():
+                known |= Q(module=entry.module, job=entry.name)
+            return running.exclude(known) if known else running
+        return queryset
+
+
 class JobStepInline(_InlineBase):
     model = JobStep
     extra = 0
@@ -197,10 +228,11 @@ class JobRunAdmin(_AdminBase):
     change_form_template = "admin/django_jobruns/jobrun/change_form.html"
     list_display = (
         "id", "key", "status_badge", "progress", "attempts", "next_attempt_at",
-        "lease_holder", "lease_state", "started_at", "ended_at",
+        "lease_state", "error_short", "started_at", "ended_at",
     )
     list_filter = (
         "status",
+        StateFilter,
         JobFilter,
         ("started_at", DateRangeFilterBuilder(title="started")),
         ("ended_at", DateRangeFilterBuilder(title="ended")),
@@ -270,11 +302,21 @@ class JobRunAdmin(_AdminBase):
         """Whether the lease is held, or lapsed: a holder that stopped reporting (a killed worker)."""
         if obj.lease_holder is None or obj.lease_expires_at is None:
             return format_html("{}", "—")
-        if obj.lease_expires_at <= timezone.now():
+        now = timezone.now()
+        if obj.lease_expires_at <= now:
             return format_html(
-                '<span class="jobruns-lease-lapsed" title="the holder stopped reporting; the next drive takes '
-                'the run over and counts that pass as a failed attempt">lapsed at {}</span>', obj.lease_expires_at)
-        return format_html('<span class="jobruns-lease-held">held until {}</span>', obj.lease_expires_at)
+                '<span class="jobruns-lease-lapsed" title="lapsed at {}; the next drive takes the run over and counts '
+                'that pass as a failed attempt">lapsed {} ago — its holder {} stopped reporting</span>',
+                obj.lease_expires_at, timesince(obj.lease_expires_at, now, depth=1), obj.lease_holder)
+        return format_html('<span class="jobruns-lease-held" title="until {}">held by {}, expires in {}</span>',
+                           obj.lease_expires_at, obj.lease_holder, timeuntil(obj.lease_expires_at, now, depth=1))
+
+    @admin.display(description="last error")
+    def error_short(self, obj: JobRun) -> str:
+        if not obj.last_error:
+            return "—"
+        first = obj.last_error.splitlines()[0]
+        return first if len(first) <= 120 else f"{first[:119]}…"
 
     @admin.display(description="progress")
     def progress(self, obj: JobRun) -> SafeString | str:
@@ -286,7 +328,7 @@ class JobRunAdmin(_AdminBase):
 
     @admin.display(description="cursor")
     def cursor_display(self, obj: JobRun) -> SafeString:
-        return _pretty(obj.cursor, empty="(no pass committed yet)")
+        return _pretty(obj.cursor, empty="(no pass committed yet)" if obj.status == Status.RUNNING else "—")
 
     @admin.display(description="counters")
     def counters_display(self, obj: JobRun) -> SafeString:

@@ -46,3 +46,18 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
 
     found = conf.problems(getattr(settings, "JOBRUNS", None))
     return [checks.Error(message, id=check_id) for check_id, message in found]
+
+
+@checks.register(checks.Tags.admin)
+def check_rangefilter_installed(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """jobruns.E004: the admin's date-range filters need ``rangefilter`` in ``INSTALLED_APPS``."""
+    from django.apps import apps
+
+    if apps.is_installed("django.contrib.admin") and not apps.is_installed("rangefilter"):
+        return [checks.Error(
+            "'rangefilter' is not in INSTALLED_APPS: the job run admin's date-range filters need its "
+            "templates, and the changelist fails without them.",
+            hint="Add \"rangefilter\" to INSTALLED_APPS (django-admin-rangefilter is installed with django-jobruns).",
+            id="jobruns.E004",
+        )]
+    return []

@@ -101,8 +101,12 @@ class JobRun(models.Model):
     lease_holder = models.CharField(max_length=255, null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     lease_fence = models.BigIntegerField(default=0)
+    # Lineage and the ledger are kept consistent by the app's own writes (a
+    # restart, pruning's batched deletes), not by database constraints: a
+    # constraint check per deleted row is what made retention slow at
+    # millions of runs.
     restarted_from = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="restarts"
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="restarts", db_constraint=False
     )
 
     objects = JobRunQuerySet.as_manager()
@@ -158,7 +162,8 @@ class JobStep(models.Model):
     """
 
     # No index of its own: the unique (run, step) constraint leads with run.
-    run = models.ForeignKey(JobRun, on_delete=models.CASCADE, related_name="steps", db_index=False)
+    run = models.ForeignKey(JobRun, on_delete=models.CASCADE, related_name="steps", db_index=False,
+                            db_constraint=False)
     step = models.CharField(max_length=255)
     result = models.TextField(null=True, blank=True)
     attempts = models.IntegerField(default=0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +16,8 @@ from .models import JobRun, Status
 from .queue_safety import dump_queue_safe
 from .registry import Job, get_job
 from .signals import notify_due
+
+logger = logging.getLogger("django_jobruns")
 
 # How many times an insert may collide with a live run that finishes before it
 # can be read. Each retry needs another run to start and finish in between.
@@ -79,6 +82,11 @@ def start_job_run(job: Job | str, *, instance: str = "default", payload: Any = N
     run, created = _start_or_join(build)
     if created:
         notify_due()
+    elif run.payload != text:
+        logger.warning(
+            "start of %s.%s [%s] joined live run %s, whose payload differs from the one given; the live run "
+            "keeps its own (cancel it first to start with the new one)", entry.module, entry.name, instance, run.id,
+        )
     return run, created
 
 

@@ -32,13 +32,16 @@ __all__ = ["assert_resumable", "drive_to_completion"]
 
 
 def drive_to_completion(
-    run: JobRun | str, *, max_passes: int = 1000, now: Callable[[], datetime] | None = None
+    run: JobRun | str, *, max_passes: int = 1000, now: Callable[[], datetime] | None = None,
+    allow_failure: bool = False,
 ) -> JobRun:
-    """Drive ``run`` pass after pass until it is done or failed; return it fresh from the database.
+    """Drive ``run`` pass after pass until it finishes; return it fresh from the database.
 
     Backoff waits are skipped: the clock handed to the drive jumps to each retry
     as it comes due. Raises ``AssertionError`` if the run is still running after
-    ``max_passes`` passes.
+    ``max_passes`` passes, and -- unless ``allow_failure`` -- if it ends
+    ``failed``, with the run's last error in the message (a test of a failure
+    path passes ``allow_failure=True`` and inspects the run).
     """
     run_id = run.pk if isinstance(run, JobRun) else run
     base = now or timezone.now
@@ -50,7 +53,7 @@ def drive_to_completion(
     for _ in range(max_passes):
         current = JobRun.objects.get(pk=run_id)
         if current.status != Status.RUNNING:
-            return current
+            return _finished(current, allow_failure)
         waits = [t for t in (current.next_attempt_at, current.lease_expires_at) if t is not None]
         ahead = max(waits, default=None)
         if ahead is not None and ahead > clock():
@@ -59,7 +62,13 @@ def drive_to_completion(
     current = JobRun.objects.get(pk=run_id)
     if current.status == Status.RUNNING:
         raise AssertionError(f"run {run_id} is still running after {max_passes} passes (cursor {current.cursor})")
-    return current
+    return _finished(current, allow_failure)
+
+
+def _finished(run: JobRun, allow_failure: bool) -> JobRun:
+    if run.status == Status.FAILED and not allow_failure:
+        raise AssertionError(f"run {run.pk} ({run.label} [{run.instance}]) failed: {run.last_error}")
+    return run
 
 
 class SimulatedCrash(passes.AbandonPass):
@@ -139,7 +148,7 @@ def _observe(observer: _Observer) -> Iterator[None]:
 def _drive(run: JobRun, observer: _Observer, max_passes: int) -> JobRun:
     for _ in range(max_passes):
         try:
-            return drive_to_completion(run, max_passes=max_passes)
+            return drive_to_completion(run, max_passes=max_passes, allow_failure=True)
         except SimulatedCrash:
             continue  # the worker "died"; the next drive resumes the run
     raise AssertionError(f"{observer.label}: run {run.pk} kept crashing")

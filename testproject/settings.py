@@ -73,6 +73,7 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "formatters": {"timed": {"format": "%(asctime)s %(levelname)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "timed"}},
     "loggers": {"django_jobruns": {"handlers": ["console"], "level": os.environ.get("JOBRUNS_LOG_LEVEL", "WARNING")}},
 }

@@ -329,8 +329,36 @@ def test_a_lapsed_lease_is_shown_as_such(admin_client):
     held = make_run("held", lease_holder="live-host:2:cd", lease_expires_at=timezone.now() + timezone.timedelta(1))
     listing = admin_client.get(reverse(CHANGELIST)).content.decode()
     assert listing.count('class="jobruns-lease-lapsed"') == 1 and listing.count('class="jobruns-lease-held"') == 1
-    assert "lapsed at" in admin_client.get(change_url(run)).content.decode()
-    assert "held until" in admin_client.get(change_url(held)).content.decode()
+    assert "ago — its holder dead-host:1:ab stopped reporting" in admin_client.get(change_url(run)).content.decode()
+    assert "held by live-host:2:cd, expires in" in admin_client.get(change_url(held)).content.decode()
+    lapsed_only = admin_client.get(reverse(CHANGELIST), {"state": "lapsed"}).content.decode()
+    assert run.pk in lapsed_only and held.pk not in lapsed_only
+    leased_only = admin_client.get(reverse(CHANGELIST), {"state": "leased"}).content.decode()
+    assert held.pk in leased_only and run.pk not in leased_only
+
+
+@pytest.mark.parametrize("state, matches", [
+    ("backoff", "backoff"), ("paused", "paused"), ("unregistered", "orphan"),
+])
+def test_the_state_filter_finds_what_an_operator_looks_for(admin_client, state, matches):
+    now = timezone.now()
+    runs = {
+        "backoff": make_run("backoff", next_attempt_at=now + timezone.timedelta(minutes=5)),
+        "paused": make_run("paused", paused_at=now),
+        "orphan": make_run("orphan", module="gone"),
+        "plain": make_run("plain"),
+    }
+    page = admin_client.get(reverse(CHANGELIST), {"state": state}).content.decode()
+    assert [name for name, run in runs.items() if run.pk in page] == [matches]
+
+
+def test_the_changelist_shows_the_error_and_a_done_runs_cursor_is_not_called_uncommitted(admin_client):
+    failed = failed_run("err", last_error="UpstreamUnavailable: supplier 4 reset\n\nTraceback ...")
+    listing = admin_client.get(reverse(CHANGELIST)).content.decode()
+    assert "UpstreamUnavailable: supplier 4 reset" in listing and "Traceback" not in listing
+    done = make_run("finished-no-cursor", status=Status.DONE)
+    assert "no pass committed yet" not in admin_client.get(change_url(done)).content.decode()
+    assert failed.pk in listing
 
 
 def test_a_restarted_run_offers_no_second_restart(admin_client):

@@ -70,3 +70,12 @@ def test_default_retry_setting_applies_to_jobs_that_name_none(settings, behaviou
         assert report.failed == 1, "one attempt allowed by the setting"
     finally:
         unregister("tests.no_policy")
+
+
+def test_e004_when_rangefilter_is_missing(settings):
+    from django_jobruns.checks import check_rangefilter_installed
+
+    assert check_rangefilter_installed() == []
+    settings.INSTALLED_APPS = [app for app in settings.INSTALLED_APPS if app != "rangefilter"]
+    (error,) = check_rangefilter_installed()
+    assert error.id == "jobruns.E004" and "rangefilter" in error.msg

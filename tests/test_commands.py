@@ -296,3 +296,38 @@ def test_prune_shows_progress_while_it_runs():
     lines = err.getvalue().splitlines()
     assert [line.split(" run(s)")[0] for line in lines] == ["… 2", "… 4", "… 5"]
     assert out.getvalue().strip() == "deleted 5 finished run(s) older than 30 day(s)"
+
+
+@pytest.mark.django_db
+def test_steering_commands_act_on_runs_by_id_and_refuse_finished_ones():
+    run, _ = start_job_run("tests.walk", instance="steer-cli")
+    assert call("pause_job_run", run.pk) == f"Paused run {run.pk} (tests.walk [steer-cli], now paused)"
+    assert call("unpause_job_run", run.pk).startswith(f"Unpaused run {run.pk}")
+    assert call("retry_job_run_now", run.pk).startswith(f"Made due now run {run.pk}")
+    assert call("cancel_job_run", run.pk, "--reason", "wrong supplier").endswith("now cancelled)")
+    assert "wrong supplier" in JobRun.objects.get(pk=run.pk).last_error
+    with pytest.raises(CommandError, match="1 run\\(s\\) could not be cancelled"):
+        call("cancel_job_run", run.pk)
+
+
+@pytest.mark.django_db
+def test_start_job_run_says_when_the_live_run_keeps_a_different_payload():
+    call("start_job_run", "tests.walk", "--instance", "p", "--payload", '{"log": "/dev/null", "v": 1}')
+    err = StringIO()
+    out = StringIO()
+    call_command("start_job_run", "tests.walk", "--instance", "p", "--payload", '{"log": "/dev/null", "v": 2}',
+                 stdout=out, stderr=err)
+    assert out.getvalue().startswith("joined live run") and "payload differs" in err.getvalue()
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_run_due_jobs_prints_each_error_once_with_its_time():
+
+    start_job_run("tests.walk", instance="dies", payload={"passes": 1, "steps": 1})  # no "log": a KeyError
+    proc = manage("run_due_jobs")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    lines = [line for line in err.splitlines() if "KeyError" in line and "pass failed" in line]
+    assert len(lines) == 1, err
+    assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", lines[0]), lines[0]

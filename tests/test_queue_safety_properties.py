@@ -10,7 +10,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from django_jobruns import job_runs, start_job_run
@@ -86,3 +86,57 @@ def test_every_reshaped_value_is_refused_naming_its_path(segments, leaf, sibling
         check_queue_safe(value, "payload")
     assert caught.value.path == expected
     assert expected in str(caught.value)
+
+
+@given(depth=st.integers(min_value=0, max_value=200))
+def test_q3_nesting_is_accepted_exactly_up_to_the_bound(depth):
+    from django_jobruns.queue_safety import MAX_DEPTH, check_queue_safe
+
+    value: Any = "leaf"
+    for level in range(depth):
+        value = [value] if level % 2 else {"k": value}
+    if depth <= MAX_DEPTH:
+        check_queue_safe(value, "payload")
+    else:
+        with pytest.raises(QueueUnsafe, match=f"nested deeper than {MAX_DEPTH}"):
+            check_queue_safe(value, "payload")
+
+
+@given(st.integers())
+def test_q3_integers_are_accepted_exactly_within_64_bits(number):
+    from django_jobruns.queue_safety import check_queue_safe
+
+    if -(2**63) <= number < 2**63:
+        check_queue_safe({"n": number}, "payload")
+    else:
+        with pytest.raises(QueueUnsafe, match="outside the signed 64-bit range"):
+            check_queue_safe({"n": number}, "payload")
+
+
+@given(st.text(max_size=300) | st.text(alphabet=st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)))
+@example("bad\x00name")
+@example("lone \udc80 surrogate")
+def test_step_names_the_databases_cannot_store_are_refused_and_the_rest_accepted(name):
+    from django_jobruns.exceptions import InvalidStepName
+    from django_jobruns.passes import _check_step_name
+
+    storable = bool(name) and len(name) <= 255 and "\x00" not in name
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        storable = False
+    if storable:
+        _check_step_name(name)
+    else:
+        with pytest.raises(InvalidStepName):
+            _check_step_name(name)
+
+
+@given(st.text(max_size=50_000) | st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=0xDFFF)))
+@example("x" * 5_000_000 + "\x00")
+def test_every_error_text_is_made_storable(text):
+    from django_jobruns.passes import storable
+
+    stored = storable(text)
+    assert "\x00" not in stored and len(stored) <= 10_000
+    stored.encode("utf-8")

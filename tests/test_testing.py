@@ -79,3 +79,12 @@ def test_assert_resumable_catches_a_completed_step_that_runs_again(monkeypatch):
     monkeypatch.setattr(drive, "load_ledger", lambda run_id, rows=None: {})
     with pytest.raises(AssertionError, match=r"pass 1, step #1 'fetch:0' ran again after it had completed"):
         assert_resumable(jobs.resumable)
+
+
+def test_drive_to_completion_fails_with_the_runs_last_error_unless_failure_is_allowed(behaviour):
+    behaviour["doomed"] = lambda p: (_ for _ in ()).throw(ValueError("supplier 9 is gone"))
+    run, _ = start_job_run("tests.scripted", instance="doomed")
+    with pytest.raises(AssertionError, match=r"failed: ValueError: supplier 9 is gone"):
+        drive_to_completion(run)
+    failed = drive_to_completion(run, allow_failure=True)
+    assert failed.status == Status.FAILED and "supplier 9 is gone" in failed.last_error

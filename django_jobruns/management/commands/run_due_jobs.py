@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import signal
+import sys
 import threading
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -53,6 +55,17 @@ def whole(most: int) -> Any:
 DAY = 86_400
 
 
+def _timestamped_log() -> logging.Handler | None:
+    """Where the project configured no logging, log the engine's lines to stderr with their time."""
+    logger = logging.getLogger("django_jobruns")
+    if logger.hasHandlers():
+        return None
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logger.addHandler(handler)
+    return handler
+
+
 def first_line(exc: BaseException) -> str:
     """The first line of an error's text (a driver's may run to many), or its type."""
     text = str(exc).strip()
@@ -87,6 +100,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         stop = threading.Event()
         previous = self._install_signal_handlers(stop)
+        logged = _timestamped_log()
         try:
             ttl = options["lease_ttl"]
             report = run_due_jobs(
@@ -106,14 +120,20 @@ class Command(BaseCommand):
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+            if logged is not None:
+                logging.getLogger("django_jobruns").removeHandler(logged)
         if options["json"]:
             self.stdout.write(json.dumps(report.as_dict()))
         else:
             self.stdout.write(report.summary())
-            for run_id, error in report.errors:
-                self.stderr.write(f"run {run_id}: {error}")
-            for warning in report.warnings:
-                self.stderr.write(f"warning: {warning}")
+            if not logging.getLogger("django_jobruns").isEnabledFor(logging.WARNING):
+                # The engine logs each failure and warning as it happens; only when that log is
+                # silenced are they printed here, so each appears once.
+                stamp = f"{datetime.now(UTC):%Y-%m-%d %H:%M:%S}"
+                for run_id, error in report.errors:
+                    self.stderr.write(f"{stamp} run {run_id}: {error}")
+                for warning in report.warnings:
+                    self.stderr.write(f"{stamp} warning: {warning}")
         if report.unrecorded:
             for run_id, error in report.unrecorded:
                 self.stderr.write(f"run {run_id}: the pass could not be recorded: {error.splitlines()[0]}")

@@ -41,3 +41,6 @@ class Command(BaseCommand):
             self.stdout.write(f"started run {run.id}")
         else:
             self.stdout.write(f"joined live run {run.id} (started {run.started_at:%Y-%m-%d %H:%M:%S %Z})")
+            if options["payload"] is not None and json.loads(run.payload) != payload:
+                self.stderr.write("note: the live run's payload differs from --payload; it keeps its own "
+                                  "(cancel it first to start with the new one)")

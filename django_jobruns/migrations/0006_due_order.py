@@ -36,5 +36,5 @@ def backwards(apps, schema_editor):
 
 class Migration(migrations.Migration):
     atomic = False  # CREATE INDEX CONCURRENTLY cannot run inside a transaction
-    dependencies = [("django_jobruns", "0004_operator_indexes")]
+    dependencies = [("django_jobruns", "0005_no_db_constraints")]
     operations = [migrations.RunPython(forwards, backwards, elidable=False)]
