@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from django_jobruns import job_runs, start_job_run
 from django_jobruns.models import JobRun, Status
+from testproject.demo.models import Outage, Product
 
 
 class Command(BaseCommand):
@@ -25,6 +26,10 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         # Each drive's errors are printed below; the log would say them twice.
         logging.getLogger("django_jobruns").setLevel(logging.ERROR)
+        # The same story every time: the fake upstream starts without its outages
+        # and its imported products (earlier demo runs stay, as the record).
+        Outage.objects.all().delete()
+        Product.objects.all().delete()
         ids = []
         payloads = [{"supplier": n, "page_size": options["page_size"]} for n in range(1, options["suppliers"] + 1)]
         # One more supplier whose provider goes down three quarters of the way
