@@ -270,11 +270,11 @@ class JobRunAdmin(_AdminBase):
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[JobRun], search_term: str
     ) -> tuple[QuerySet[JobRun], bool]:
-        found, duplicates = super().get_search_results(request, queryset, search_term)
         term = search_term.strip().upper()
         if _ULID.fullmatch(term):
-            found = found | queryset.filter(pk=term)
-        return found, duplicates
+            # A pasted run id: that run, found by its primary key, not by scanning text for it.
+            return queryset.filter(pk=term), False
+        return super().get_search_results(request, queryset, search_term)
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         response = super().changelist_view(request, extra_context)
