@@ -13,7 +13,10 @@ from testproject.settings import DATABASES, INSTALLED_APPS
 INSTALLED_APPS = [*INSTALLED_APPS, "bench.torture_app", "bench.perf"]
 LOGGING = {"version": 1, "disable_existing_loggers": False}
 
-if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+if DATABASES["default"]["ENGINE"].endswith("sqlite3") and os.environ.get("BENCH_SQLITE_MODE") == "defaults":
+    # What `startproject` writes: DEFERRED transactions, a 5 s timeout, the rollback journal.
+    DATABASES["default"]["OPTIONS"] = {}
+elif DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     _wal = os.environ.get("BENCH_SQLITE_MODE", "wal") == "wal"
     DATABASES["default"]["OPTIONS"] = {
         "transaction_mode": "IMMEDIATE",
@@ -22,7 +25,8 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
         else "PRAGMA journal_mode=DELETE; PRAGMA synchronous=FULL;",
     }
 
-if DATABASES["default"]["ENGINE"].endswith("postgresql") and os.environ.get("BENCH_PG_SERVER_SIDE_BINDING", "1") == "1":
-    # Server-side parameters: psycopg prepares a statement it has run five
-    # times, so the hot path's statements are parsed and planned once.
+if DATABASES["default"]["ENGINE"].endswith("postgresql") and os.environ.get("BENCH_PG_SERVER_SIDE_BINDING") == "1":
+    # Django's default is client-side binding, and so is the bench's. With
+    # BENCH_PG_SERVER_SIDE_BINDING=1, server-side parameters: psycopg prepares
+    # a statement it has run five times, so it is parsed and planned once.
     DATABASES["default"].setdefault("OPTIONS", {})["server_side_binding"] = True

@@ -147,7 +147,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--phase", choices=["ours", "dbos", "raw"], help=argparse.SUPPRESS)
-    parser.add_argument("--mode", choices=["rollback", "wal"], default="rollback", help=argparse.SUPPRESS)
+    parser.add_argument("--mode", choices=["rollback", "wal", "defaults"], default="rollback", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.runs < 1 or args.rounds < 1:
         parser.error("--runs and --rounds must be >= 1")

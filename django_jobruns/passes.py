@@ -567,13 +567,17 @@ def _fail(run: JobRun, job: Job, claim: Claim, p: Pass | None, exc: BaseExceptio
     logger.warning("run %s (%s.%s) pass failed%s: %s", run.id, run.module, run.job,
                    " and the run is failed" if exhausted else ", will retry", summary)
     if exhausted:
-        try:
-            counters = decode_counters(run.counters)
-        except UndecodableRun:
-            counters = {}
-        signals.send_after_commit(signals.run_failed, run_id=run.id, module=run.module, job=run.job,
-                                  instance=run.instance, error=summary, counters=counters)
+        _send_run_failed(run, summary)
     return PassOutcome(Outcome.FAILED if exhausted else Outcome.RETRYING, error=summary)
+
+
+def _send_run_failed(run: JobRun, summary: str) -> None:
+    try:
+        counters = decode_counters(run.counters)
+    except UndecodableRun:
+        counters = {}
+    signals.send_after_commit(signals.run_failed, run_id=run.id, module=run.module, job=run.job,
+                              instance=run.instance, error=summary, counters=counters)
 
 
 def fail_abandoned(run: JobRun, claim: Claim, held_by: str) -> PassOutcome:
@@ -596,10 +600,5 @@ def fail_abandoned(run: JobRun, claim: Claim, held_by: str) -> PassOutcome:
     if not written:
         return PassOutcome(Outcome.LOST)
     logger.warning("run %s (%s.%s) failed: %s", run.id, run.module, run.job, summary)
-    try:
-        counters = decode_counters(run.counters)
-    except UndecodableRun:
-        counters = {}
-    signals.send_after_commit(signals.run_failed, run_id=run.id, module=run.module, job=run.job,
-                              instance=run.instance, error=summary, counters=counters)
+    _send_run_failed(run, summary)
     return PassOutcome(Outcome.FAILED, error=summary)

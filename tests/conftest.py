@@ -65,6 +65,13 @@ def worker_env() -> dict[str, str]:
     return env
 
 
+def spawn_env() -> dict[str, str]:
+    """What a spawned process (multiprocessing) needs to reach this test database."""
+    keep = ("DJANGO_SETTINGS_MODULE", "JOBRUNS_TEST_DB_NAME", "DATABASE_URL", "PYTHONPATH", "JOBRUNS_VAR_DIR",
+            "JOBRUNS_SQLITE_DEFAULTS")
+    return {k: v for k, v in worker_env().items() if k in keep}
+
+
 def manage(*args: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start ``manage.py`` in a new process against the test database."""
     return subprocess.Popen(

@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 
-def start_one_key(env: dict[str, str], barrier: Any, queue: Any) -> None:
+def start_one_key(env: dict[str, str], barrier: Any, queue: Any, instance: str = "race-proc") -> None:
     """Set Django up against the test database, wait for the others, then start the shared key."""
     os.environ.update(env)
     import django
@@ -17,7 +17,7 @@ def start_one_key(env: dict[str, str], barrier: Any, queue: Any) -> None:
     from django_jobruns import start_job_run
 
     barrier.wait()
-    run, created = start_job_run("tests.walk", instance="race-proc", payload={"log": "/dev/null"})
+    run, created = start_job_run("tests.walk", instance=instance, payload={"log": "/dev/null"})
     queue.put((run.id, created))
     connections.close_all()
 

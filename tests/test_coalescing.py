@@ -44,15 +44,14 @@ def test_c1_sixteen_threads_starting_one_key_create_one_live_run():
 
 @pytest.mark.django_db(transaction=True)
 def test_c1_processes_starting_one_key_create_one_live_run():
-    from tests.conftest import worker_env
+    from tests.conftest import spawn_env
     from tests.process_helpers import start_one_key
 
     # Spawned, not forked: each process is a fresh interpreter with its own connection.
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(6)
     queue = ctx.Queue()
-    env = {k: v for k, v in worker_env().items() if k in ("DJANGO_SETTINGS_MODULE", "JOBRUNS_TEST_DB_NAME",
-                                                        "DATABASE_URL", "PYTHONPATH", "JOBRUNS_VAR_DIR")}
+    env = spawn_env()
     procs = [ctx.Process(target=start_one_key, args=(env, barrier, queue)) for _ in range(6)]
     for p in procs:
         p.start()
@@ -133,3 +132,24 @@ def test_keys_compare_exactly_on_every_backend(first, second):
     assert created_one and created_two and one.pk != two.pk
     assert [r.id for r in job_runs(instance=second)] == [two.pk]
     assert JobRun.objects.filter(instance=first).get().pk == one.pk
+
+
+@pytest.mark.django_db(transaction=True)
+def test_keys_differing_only_in_case_or_trailing_space_are_distinct_under_concurrent_processes():
+    from tests.conftest import spawn_env
+    from tests.process_helpers import start_one_key
+
+    spellings = ["Supplier-7", "supplier-7", "supplier-7 ", "Supplier-7", "supplier-7", "supplier-7 "]
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(len(spellings))
+    queue = ctx.Queue()
+    env = spawn_env()
+    procs = [ctx.Process(target=start_one_key, args=(env, barrier, queue, name)) for name in spellings]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert sum(created for _, created in results) == 3, "one run per exact spelling"
+    assert sorted(JobRun.objects.values_list("instance", flat=True)) == ["Supplier-7", "supplier-7", "supplier-7 "]

@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 
 from django_jobruns.models import JobRun, Status
-from tests.conftest import effect_lines, worker_env
+from tests.conftest import effect_lines, spawn_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -26,9 +26,7 @@ def test_starts_racing_completions_on_one_key_lose_nothing(effects):
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(PROCESSES)
     queue = ctx.Queue()
-    env = {k: v for k, v in worker_env().items() if k in ("DJANGO_SETTINGS_MODULE", "JOBRUNS_TEST_DB_NAME",
-                                                        "DATABASE_URL", "PYTHONPATH", "JOBRUNS_VAR_DIR",
-                                                        "JOBRUNS_SQLITE_DEFAULTS")}
+    env = spawn_env()
     procs = [ctx.Process(target=start_and_drive, args=(env, barrier, queue, str(effects), ROUNDS))
              for _ in range(PROCESSES)]
     for p in procs:
