@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, drop_database, fresh_database, setup_django  # noqa: E402
+from bench.common import ROOT, drop_database, fresh_database, run_phase, setup_django  # noqa: E402
 
 
 def phase(db: str, name: str, runs: int, passes: int, args: list[str]) -> dict[str, float]:
@@ -100,14 +100,19 @@ def main() -> int:
     if "--drive" in sys.argv:
         drive([a for a in sys.argv[1:] if a != "--drive"])
         return 0
+    if "--phase" in sys.argv:  # one fresh process per database: --phase DB NAME RUNS PASSES ARGS…
+        db, name, runs, passes, *args = sys.argv[sys.argv.index("--phase") + 1:]
+        print(json.dumps(phase(db, name, int(runs), int(passes), args)))
+        return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--db", choices=["sqlite", "postgres"], required=True)
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--passes", type=int, default=50)
     parser.add_argument("--budget", type=float, default=20)
     args = parser.parse_args()
-    budgeted = phase(args.db, "bench_backlog_a", args.runs, args.passes, ["--max-seconds", str(args.budget)])
-    cron = phase(args.db, "bench_backlog_b", args.runs, args.passes, ["--max-passes", "20"])
+    common = [args.db, "bench_backlog", str(args.runs), str(args.passes)]
+    budgeted = run_phase("backlog.py", "--phase", *common, "--max-seconds", str(args.budget))
+    cron = run_phase("backlog.py", "--phase", *common, "--max-passes", "20")
     print(f"budgeted: {budgeted}\ncron line (--max-passes 20, no budget): {cron}")
     print(f"budgeted_committed={budgeted['committed']:.2f} budgeted_in_passes={budgeted['in_passes']:.2f} "
           f"cron_committed={cron['committed']:.2f} cron_in_passes={cron['in_passes']:.2f}")
