@@ -17,17 +17,27 @@ from typing import Any
 from django.db import connections, router
 from django.utils import timezone
 
+from .models import JobRun
+
 
 def alias() -> str:
     """The alias the router names for writing ``JobRun`` (``"default"`` without a router)."""
-    from .models import JobRun
-
     return router.db_for_write(JobRun) or "default"
 
 
 def connection() -> Any:
     """The connection of :func:`alias`, for this thread."""
     return connections[alias()]
+
+
+def replace_if_broken() -> None:
+    """Close this thread's connection if the server dropped it, so the next statement opens a new one.
+
+    Not inside a transaction: the caller's transaction owns the connection.
+    """
+    wrapper = connection()
+    if not wrapper.in_atomic_block:
+        wrapper.close_if_unusable_or_obsolete()
 
 
 def database_clock() -> Callable[[], datetime]:

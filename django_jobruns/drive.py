@@ -253,9 +253,7 @@ def run_due_jobs(
     selected = _selected_jobs(jobs)
     if stop is not None and not callable(getattr(stop, "is_set", None)):
         raise InvalidDriveOptions(f"stop must be a threading.Event (or have is_set()), got {stop!r}")
-    if now is not None and not callable(now):
-        raise InvalidDriveOptions(f"now must be a callable returning an aware datetime, got {now!r}")
-    clock = _clock(now)
+    clock = _clock(now)  # last: without ``now`` it reads the database's clock
     started = clock()
     if not isinstance(started, datetime) or timezone.is_naive(started):
         raise InvalidDriveOptions(f"now() must return an aware datetime, got {started!r}")
@@ -426,8 +424,7 @@ class _Drive:
             # claimed. Say so and go on with the other runs.
             logger.warning("run %s: the claim failed: %s", run_id, _summary(exc))
             self.report.not_recorded(run_id, f"the claim failed: {_summary(exc)}")
-            if not db.connection().in_atomic_block:
-                db.connection().close_if_unusable_or_obsolete()
+            db.replace_if_broken()
             taken = None
         if taken is None:
             self.report.add(Count.SKIPPED)
@@ -485,10 +482,9 @@ class _Drive:
         except Exception as exc:
             logger.exception("run %s: the drive could not record its pass", run_id)
             self.report.not_recorded(run_id, _summary(exc))
-            if not db.connection().in_atomic_block:
-                # A connection the server dropped is replaced before the release
-                # and the runs after this one try to use it.
-                db.connection().close_if_unusable_or_obsolete()
+            # A connection the server dropped is replaced before the release
+            # and the runs after this one try to use it.
+            db.replace_if_broken()
         finally:
             if not released:
                 self.release(claim)
@@ -521,8 +517,10 @@ def drive_run(
     ttl = _lease_ttl(lease_ttl)
     holder = _holder_name(holder)
     clock = _clock(now)
-    row = JobRun.objects.using(db.alias()).filter(pk=run_id).values_list("lease_fence", "module", "job", "lease_holder",
-                                                         "lease_expires_at").first()
+    row = (
+        JobRun.objects.using(db.alias()).filter(pk=run_id)
+        .values_list("lease_fence", "module", "job", "lease_holder", "lease_expires_at").first()
+    )
     if row is None:
         raise LookupError(f"no run has the id {run_id!r}")
     report = DriveReport()

@@ -211,21 +211,14 @@ def claim(
     """
     wrapper, st = _db()
     at = wrapper.ops.adapt_datetimefield_value
-    if takeover is not None:
-        params = [takeover, at(now), holder, at(expires), fence + 1, run_id, fence, at(now)]
-        with wrapper.cursor() as cur:
-            if st.returning:
-                cur.execute(st.takeover_returning, params)
-                row = cur.fetchone()
-                return _run_from(row, now, wrapper) if row is not None else None
-            cur.execute(st.takeover, params)
-            if cur.rowcount != 1:
-                return None
-        return read_run(run_id, now)
     params = [holder, at(expires), fence + 1, run_id, fence, at(now)]
+    plain, returning, with_ledger = st.claim, st.claim_returning, st.claim_with_ledger if st.ctes else None
+    if takeover is not None:
+        params = [takeover, at(now), *params]
+        plain, returning, with_ledger = st.takeover, st.takeover_returning, None
     with wrapper.cursor() as cur:
-        if st.ctes:
-            cur.execute(st.claim_with_ledger, params)
+        if with_ledger is not None:
+            cur.execute(with_ledger, params)
             row = cur.fetchone()
             if row is None:
                 return None
@@ -233,10 +226,10 @@ def claim(
             ledger = [tuple(entry) for entry in steps] if steps else []
             return _run_from(row[: len(RUN_COLUMNS)], now, wrapper, ledger)
         if st.returning:
-            cur.execute(st.claim_returning, params)
+            cur.execute(returning, params)
             row = cur.fetchone()
             return _run_from(row, now, wrapper) if row is not None else None
-        cur.execute(st.claim, params)
+        cur.execute(plain, params)
         if cur.rowcount != 1:
             return None
     return read_run(run_id, now)
