@@ -7,6 +7,7 @@ runs, which start a NEW run through ``restart_job_run``.
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 from typing import TYPE_CHECKING, Any
@@ -227,8 +228,8 @@ class JobStepInline(_InlineBase):
 class JobRunAdmin(_AdminBase):
     change_form_template = "admin/django_jobruns/jobrun/change_form.html"
     list_display = (
-        "id", "key", "status_badge", "progress", "attempts", "next_attempt_at",
-        "lease_state", "error_short", "started_at", "ended_at",
+        "id", "key", "status_badge", "progress", "attempts_and_next",
+        "lease_state", "error_short", "started_ended",
     )
     list_filter = (
         "status",
@@ -310,6 +311,23 @@ class JobRunAdmin(_AdminBase):
                 obj.lease_expires_at, timesince(obj.lease_expires_at, now, depth=1), obj.lease_holder)
         return format_html('<span class="jobruns-lease-held" title="until {}">held by {}, expires in {}</span>',
                            obj.lease_expires_at, obj.lease_holder, timeuntil(obj.lease_expires_at, now, depth=1))
+
+    @admin.display(description="attempts", ordering="attempts")
+    def attempts_and_next(self, obj: JobRun) -> SafeString:
+        """The failed attempts, and when the next one is due if the run waits out a backoff."""
+        if obj.next_attempt_at is None:
+            return format_html("{}", obj.attempts)
+        now = timezone.now()
+        when = (f"next in {timeuntil(obj.next_attempt_at, now, depth=1)}" if obj.next_attempt_at > now
+                else f"next due {timesince(obj.next_attempt_at, now, depth=1)} ago")
+        return format_html('{}<br><span class="jobruns-next" title="{}">{}</span>', obj.attempts,
+                           _exact(obj.next_attempt_at), when)
+
+    @admin.display(description="started / ended", ordering="started_at")
+    def started_ended(self, obj: JobRun) -> SafeString:
+        if obj.ended_at is None:
+            return _compact_time(obj.started_at)
+        return format_html("{}<br>→ {}", _compact_time(obj.started_at), _compact_time(obj.ended_at))
 
     @admin.display(description="last error")
     def error_short(self, obj: JobRun) -> str:
@@ -497,6 +515,19 @@ class JobRunAdmin(_AdminBase):
         if len(landed) == 1:
             return HttpResponseRedirect(_change_url(landed[0].pk))
         return None
+
+
+def _exact(moment: datetime.datetime) -> str:
+    return timezone.localtime(moment).isoformat(sep=" ", timespec="seconds")
+
+
+def _compact_time(moment: datetime.datetime) -> SafeString:
+    """A time as a list column shows it: the day and minute, the exact time on hover."""
+    local = timezone.localtime(moment)
+    shown = local.strftime("%H:%M") if local.date() == timezone.localdate() else local.strftime("%b %-d, %H:%M")
+    if local.year != timezone.localdate().year:
+        shown = local.strftime("%Y-%m-%d %H:%M")
+    return format_html('<time datetime="{}" title="{}">{}</time>', moment.isoformat(), _exact(moment), shown)
 
 
 def _change_url(run_id: str) -> str:

@@ -146,3 +146,44 @@ def test_operator_pauses_unpauses_and_cancels_a_running_run(browser, live_server
     cancelled = JobRun.objects.get(pk=running.pk)
     assert cancelled.status == Status.CANCELLED and "admin" in cancelled.last_error
     assert not browser.find_elements(By.ID, "jobruns-cancel"), "a finished run offers no steering"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_changelist_is_readable_at_1280_px(browser, live_server, screenshots):
+    """At 1280×900 every column of a busy changelist is in view: no sideways scrolling, no clipped cell."""
+    from selenium.webdriver.common.by import By
+
+    User.objects.create_superuser("admin", password="jobruns-demo")
+    _seed()
+    now = timezone.now()
+    # The widest cells an operator meets: a long job and instance, a long unbroken error, a lapsed
+    # lease with a long holder, a run waiting out a backoff.
+    run, _ = start_job_run("demo.import_catalog", instance="supplier-" + "x" * 60, payload={})
+    JobRun.objects.filter(pk=run.pk).update(
+        attempts=3, next_attempt_at=now + timezone.timedelta(minutes=4),
+        lease_holder="worker-host-with-a-long-name.internal.example.com:123456",
+        lease_expires_at=now - timezone.timedelta(minutes=2),
+        last_error="UpstreamUnavailable:" + "connection-reset-by-peer/" * 12,
+    )
+    browser.set_window_size(1280, 900)
+    browser.get(f"{live_server.url}/admin/login/?next=/admin/django_jobruns/jobrun/")
+    browser.find_element(By.NAME, "username").send_keys("admin")
+    browser.find_element(By.NAME, "password").send_keys("jobruns-demo")
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    assert browser.find_element(By.ID, "result_list")
+    browser.save_screenshot(str(screenshots / "changelist-1280.png"))
+    sizes = browser.execute_script("""
+        const results = document.querySelector('#changelist .results');
+        const table = document.getElementById('result_list');
+        const right = results.getBoundingClientRect().right;
+        const clipped = [...table.querySelectorAll('th, td')]
+            .filter(cell => cell.getBoundingClientRect().right > right + 1)
+            .map(cell => cell.className || cell.textContent.slice(0, 30));
+        const widths = [...table.querySelectorAll('thead th')]
+            .map(th => [th.className, Math.round(th.getBoundingClientRect().width)]);
+        return {widths: widths, page: document.documentElement.scrollWidth, window: window.innerWidth,
+                box: results.clientWidth, table: results.scrollWidth, clipped: clipped};
+    """)
+    assert sizes["page"] <= sizes["window"], sizes
+    assert sizes["table"] <= sizes["box"], sizes
+    assert sizes["clipped"] == [], sizes
