@@ -25,6 +25,16 @@ elif DATABASES["default"]["ENGINE"].endswith("sqlite3"):
         else "PRAGMA journal_mode=DELETE; PRAGMA synchronous=FULL;",
     }
 
+if os.environ.get("JOBRUNS_TEST_CLOCK_SKEW"):
+    # A worker whose host clock is wrong by this many seconds (the torture harness's skewed workers).
+    from datetime import timedelta as _timedelta
+
+    from django.utils import timezone as _timezone
+
+    _real_now = _timezone.now
+    _skew = _timedelta(seconds=float(os.environ["JOBRUNS_TEST_CLOCK_SKEW"]))
+    _timezone.now = lambda: _real_now() + _skew
+
 if DATABASES["default"]["ENGINE"].endswith("postgresql") and os.environ.get("BENCH_PG_SERVER_SIDE_BINDING") == "1":
     # Django's default is client-side binding, and so is the bench's. With
     # BENCH_PG_SERVER_SIDE_BINDING=1, server-side parameters: psycopg prepares

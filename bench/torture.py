@@ -2,15 +2,21 @@
 """Crash-and-contention torture: kill real workers at random moments, check nothing was lost or doubled.
 
     python bench/torture.py --db {sqlite,postgres} --workers W --runs R --kills K [--seed S]
+        [--poison P] [--stalls N] [--stops N] [--skewed-workers N]
 
 W ``manage.py run_due_jobs`` processes drive R runs of a job with several steps
 per pass and several passes. K SIGKILLs land in all: some sent by this harness
 at random moments, some taken by the workers themselves inside a step body,
 between a step's effect and its memo, and in the middle of a pass's commit.
 Killed workers are replaced and their leases left to lapse until every run is
-done. The verdict comes from independent evidence -- an event table the job's
-step bodies write to and database triggers fill as memos, claims and commits
-land -- never from the app's own bookkeeping. The last line is the summary;
+done. The other faults production brings can be added: P poison runs whose
+every pass kills its worker; N stalls in which a third connection holds a
+worked run's row (PostgreSQL: ``FOR UPDATE``; SQLite: the write lock) past the
+lease; N workers stopped (SIGSTOP) past their lease and then resumed; and
+workers whose clock runs ten minutes fast (PostgreSQL). The verdict comes from
+independent evidence -- an event table the job's step bodies write to and
+database triggers fill as memos, claims and commits land -- never from the
+app's own bookkeeping. The last line is the summary;
 the exit status is non-zero when an invariant fails.
 """
 
@@ -27,6 +33,7 @@ import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 POSTGRES_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -35,7 +42,7 @@ POSTGRES_DB = "jobruns_torture"
 SQLITE_DDL = [
     """CREATE TABLE torture_events (id INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL, run_id TEXT,
        step TEXT, fence INTEGER, holder TEXT, cursor_old TEXT, cursor_new TEXT, status TEXT, counters TEXT,
-       pid INTEGER, backend INTEGER)""",
+       pid INTEGER, backend INTEGER, note TEXT)""",
     """CREATE TRIGGER torture_memo_insert AFTER INSERT ON django_jobruns_jobstep WHEN NEW.result IS NOT NULL
        BEGIN INSERT INTO torture_events (kind, run_id, step) VALUES ('memo', NEW.run_id, NEW.step); END""",
     """CREATE TRIGGER torture_memo_update AFTER UPDATE OF result ON django_jobruns_jobstep
@@ -43,8 +50,13 @@ SQLITE_DDL = [
        BEGIN INSERT INTO torture_events (kind, run_id, step) VALUES ('memo', NEW.run_id, NEW.step); END""",
     """CREATE TRIGGER torture_claim AFTER UPDATE OF lease_fence ON django_jobruns_jobrun
        WHEN NEW.lease_fence <> OLD.lease_fence
-       BEGIN INSERT INTO torture_events (kind, run_id, fence, holder)
-             VALUES ('claim', NEW.id, NEW.lease_fence, NEW.lease_holder); END""",
+       BEGIN INSERT INTO torture_events (kind, run_id, fence, holder, note)
+             VALUES ('claim', NEW.id, NEW.lease_fence, NEW.lease_holder,
+                     -- another process took a lease that had not expired (with a margin for the
+                     -- engine's reading of the clock): a live lease taken.
+                     CASE WHEN OLD.lease_holder IS NOT NULL AND OLD.lease_holder <> NEW.lease_holder
+                          AND OLD.lease_expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now', '+0.2 seconds')
+                          THEN 'live' END); END""",
     # Every pass commit sets the cursor (even to the value it had), and nothing else does.
     """CREATE TRIGGER torture_commit AFTER UPDATE OF cursor ON django_jobruns_jobrun
        BEGIN INSERT INTO torture_events (kind, run_id, fence, holder, cursor_old, cursor_new, status, counters)
@@ -55,7 +67,7 @@ SQLITE_DDL = [
 POSTGRES_DDL = [
     """CREATE TABLE torture_events (id BIGSERIAL PRIMARY KEY, kind TEXT NOT NULL, run_id TEXT, step TEXT,
        fence BIGINT, holder TEXT, cursor_old TEXT, cursor_new TEXT, status TEXT, counters TEXT, pid INTEGER,
-       backend INTEGER)""",
+       backend INTEGER, note TEXT)""",
     """CREATE FUNCTION torture_memo() RETURNS trigger AS $$ BEGIN
          IF NEW.result IS NOT NULL AND (TG_OP = 'INSERT' OR OLD.result IS NULL) THEN
            INSERT INTO torture_events (kind, run_id, step) VALUES ('memo', NEW.run_id, NEW.step);
@@ -66,8 +78,13 @@ POSTGRES_DDL = [
        FOR EACH ROW EXECUTE FUNCTION torture_memo()""",
     """CREATE FUNCTION torture_claim() RETURNS trigger AS $$ BEGIN
          IF NEW.lease_fence <> OLD.lease_fence THEN
-           INSERT INTO torture_events (kind, run_id, fence, holder)
-           VALUES ('claim', NEW.id, NEW.lease_fence, NEW.lease_holder);
+           INSERT INTO torture_events (kind, run_id, fence, holder, note)
+           VALUES ('claim', NEW.id, NEW.lease_fence, NEW.lease_holder,
+                   -- another process took a lease that had not expired by the server's clock
+                   -- (with a margin for the engine's reading of it): a live lease taken.
+                   CASE WHEN OLD.lease_holder IS NOT NULL AND OLD.lease_holder <> NEW.lease_holder
+                        AND OLD.lease_expires_at > clock_timestamp() + interval '200 milliseconds'
+                        THEN 'live' END);
          END IF;
          RETURN NEW;
        END $$ LANGUAGE plpgsql""",
@@ -97,12 +114,28 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lease-ttl", type=float, default=2.0, help="seconds")
     parser.add_argument("--step-seconds", type=float, default=0.01, help="longest simulated upstream call")
     parser.add_argument("--max-minutes", type=float, default=30.0, help="give up (and fail) after this long")
+    parser.add_argument("--poison", type=int, default=0, help="runs whose every pass kills its worker")
+    parser.add_argument("--poison-attempts", type=int, default=3, help="the poison job's max_attempts")
+    parser.add_argument("--stalls", type=int, default=0, help="row-lock stalls past the lease")
+    parser.add_argument("--stops", type=int, default=0, help="workers stopped (SIGSTOP) past their lease")
+    parser.add_argument("--skewed-workers", type=int, default=0,
+                        help="worker slots whose clock runs --skew-seconds fast (PostgreSQL)")
+    parser.add_argument("--skew-seconds", type=float, default=600.0)
+    parser.add_argument("--allow-skew-on-sqlite", action="store_true",
+                        help="skewed workers on SQLite, whose one clock is the host's: shows the harness "
+                             "catching live leases taken")
     args = parser.parse_args()
-    for name in ("workers", "runs", "passes", "steps"):
+    for name in ("workers", "runs", "passes", "steps", "poison_attempts"):
         if getattr(args, name) < 1:
-            parser.error(f"--{name} must be >= 1")
-    if args.kills < 0:
-        parser.error("--kills must be >= 0")
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    for name in ("kills", "poison", "stalls", "stops", "skewed_workers"):
+        if getattr(args, name) < 0:
+            parser.error(f"--{name.replace('_', '-')} must be >= 0")
+    if args.skewed_workers > args.workers:
+        parser.error("--skewed-workers cannot exceed --workers")
+    if args.skewed_workers and args.db == "sqlite" and not args.allow_skew_on_sqlite:
+        parser.error("--skewed-workers needs PostgreSQL: SQLite's one clock is the host's "
+                     "(--allow-skew-on-sqlite to watch the harness catch what that costs)")
     return args
 
 
@@ -132,10 +165,19 @@ class Harness:
             "JOBRUNS_VAR_DIR": str(self.folder),
             "PYTHONPATH": str(ROOT),
             "TORTURE_STEP_SECONDS": str(args.step_seconds),
+            "TORTURE_POISON_ATTEMPTS": str(args.poison_attempts),
         }
         self.workers: list[tuple[subprocess.Popen[bytes], float]] = []
         self.external_kills = 0
         self.spawned = 0
+        self.skewed: set[subprocess.Popen[bytes]] = set()
+        self.skewed_spawned = 0
+        # Workers stopped with SIGSTOP, and when each is to be resumed.
+        self.stopped: dict[subprocess.Popen[bytes], float] = {}
+        self.stops = 0
+        # The third connection holding a worked run's row, and until when.
+        self.stall: tuple[Any, float] | None = None
+        self.stalls = 0
 
     # -- set-up ----------------------------------------------------------------
 
@@ -157,6 +199,8 @@ class Harness:
         for n in range(self.args.runs):
             start_job_run("torture.walk", instance=f"r{n}",
                           payload={"passes": self.args.passes, "steps": self.args.steps})
+        for n in range(self.args.poison):
+            start_job_run("torture.poison", instance=f"poison{n}")
         # A quarter of the kills each inside a step body, between an effect and
         # its memo, and in a commit; the rest sent from here at random moments.
         per_point = self.args.kills // 4
@@ -172,6 +216,8 @@ class Harness:
     def spawn(self) -> None:
         log = open(self.folder / f"worker-{self.spawned}.log", "wb")  # noqa: SIM115 (owned by the process)
         self.spawned += 1
+        skewed = len(self.skewed) < self.args.skewed_workers
+        env = {**self.env, "JOBRUNS_TEST_CLOCK_SKEW": str(self.args.skew_seconds)} if skewed else self.env
         # Short drives of random size, as cron would run them: every new worker
         # reads the due runs afresh and contends for them with the others.
         proc = subprocess.Popen(
@@ -179,10 +225,72 @@ class Harness:
              "--max-passes", str(self.rng.randint(1, self.args.passes)),
              "--limit", str(self.rng.randint(1, max(1, self.args.runs // 2))),
              "--lease-ttl", str(self.args.lease_ttl), "--json"],
-            env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+            env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
         )
         log.close()
         self.workers.append((proc, time.monotonic()))
+        if skewed:
+            self.skewed.add(proc)
+            self.skewed_spawned += 1
+
+    # -- stalls and stops ------------------------------------------------------
+
+    def hold_past_lease(self) -> float:
+        return self.args.lease_ttl * 1.5 + 0.2
+
+    def start_stall(self) -> bool:
+        """A third connection takes a worked run's row (or SQLite's write lock) and keeps it past the lease."""
+        table = "django_jobruns_jobrun"
+        if self.args.db == "postgres":
+            import psycopg
+
+            conn: Any = psycopg.connect(self.url.replace("postgres://", "postgresql://"))
+            row = conn.execute(
+                f"SELECT id FROM {table} WHERE status = 'running' AND lease_holder IS NOT NULL "
+                "ORDER BY random() LIMIT 1 FOR UPDATE SKIP LOCKED").fetchone()
+        else:
+            import sqlite3
+
+            # Briefly: a worker stopped inside its write transaction holds the lock
+            # until this loop resumes it.
+            conn = sqlite3.connect(self.url.removeprefix("sqlite:///"), timeout=0.5, isolation_level=None)
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError:
+                conn.close()
+                return False
+            row = conn.execute(
+                f"SELECT id FROM {table} WHERE status = 'running' AND lease_holder IS NOT NULL LIMIT 1").fetchone()
+        if row is None:
+            conn.rollback()
+            conn.close()
+            return False
+        self.stall = (conn, time.monotonic() + self.hold_past_lease())
+        self.stalls += 1
+        return True
+
+    def end_stall(self, *, force: bool = False) -> None:
+        if self.stall is not None and (force or time.monotonic() >= self.stall[1]):
+            self.stall[0].commit()
+            self.stall[0].close()
+            self.stall = None
+
+    def stop_one(self) -> bool:
+        ready = [p for p, started in self.workers if p not in self.stopped and time.monotonic() - started > 0.3]
+        if not ready:
+            return False
+        victim = self.rng.choice(ready)
+        victim.send_signal(signal.SIGSTOP)
+        self.stopped[victim] = time.monotonic() + self.hold_past_lease()
+        self.stops += 1
+        return True
+
+    def resume_stopped(self, *, every: bool = False) -> None:
+        for proc, until in list(self.stopped.items()):
+            if every or time.monotonic() >= until:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGCONT)
+                del self.stopped[proc]
 
     def self_kills(self) -> dict[str, int]:
         killed = self.kills_dir / "killed"
@@ -210,11 +318,16 @@ class Harness:
     def drive(self) -> None:
         deadline = time.monotonic() + self.args.max_minutes * 60
         next_kill = time.monotonic() + self.rng.uniform(0.3, 1.2)
+        next_stall = time.monotonic() + self.rng.uniform(0.3, 1.5)
+        next_stop = time.monotonic() + self.rng.uniform(0.3, 1.5)
         hurry = False
         while True:
             if time.monotonic() > deadline:
                 raise SystemExit(f"gave up after {self.args.max_minutes} minutes with {self.running()} runs running")
             self.workers = [(p, t) for p, t in self.workers if p.poll() is None]
+            self.skewed &= {p for p, _ in self.workers}
+            self.end_stall()
+            self.resume_stopped()
             if self.running() == 0:
                 break
             # Tokens the workers have not drawn by the last stretch become kills
@@ -236,7 +349,15 @@ class Harness:
                     self.external_kills += 1
                     self.external_budget -= 1
                 next_kill = now + (self.rng.uniform(0.05, 0.25) if hurry else self.rng.uniform(0.1, 0.8))
+            if self.stalls < self.args.stalls and self.stall is None and now >= next_stall:
+                landed = self.start_stall()
+                next_stall = now + (self.rng.uniform(0.2, 1.0) if landed else 0.1)
+            if self.stops < self.args.stops and now >= next_stop:
+                landed = self.stop_one()
+                next_stop = now + (self.rng.uniform(0.2, 1.0) if landed else 0.1)
             time.sleep(0.05)
+        self.end_stall(force=True)
+        self.resume_stopped(every=True)
         for proc, _ in self.workers:
             proc.send_signal(signal.SIGTERM)
         for proc, _ in self.workers:
@@ -251,10 +372,13 @@ class Harness:
 
         with connection.cursor() as cur:
             cur.execute(
-                "SELECT id, kind, run_id, step, fence, cursor_old, cursor_new, pid, backend FROM torture_events "
-                "ORDER BY id"
+                "SELECT id, kind, run_id, step, fence, cursor_old, cursor_new, pid, backend, note "
+                "FROM torture_events ORDER BY id"
             )
             events = cur.fetchall()
+        poison = {run.id: run for run in JobRun.objects.filter(job="poison", module="torture")}
+        poison_bodies: dict[str, int] = defaultdict(int)
+        live_taken = 0
         effects: dict[tuple[str, str], list[int]] = defaultdict(list)
         memos: dict[tuple[str, str], int] = {}
         latest_claim: dict[str, int] = {}
@@ -266,7 +390,13 @@ class Harness:
         pass_started: dict[tuple[str, int], int] = {}
         committed: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
         postgres = self.args.db == "postgres"
-        for event_id, kind, run_id, step, fence, _cursor_old, cursor_new, pid, backend in events:
+        for event_id, kind, run_id, step, fence, _cursor_old, cursor_new, pid, backend, note in events:
+            if kind == "claim" and note == "live":
+                live_taken += 1
+            if run_id in poison:
+                if kind == "effect":
+                    poison_bodies[run_id] += 1
+                continue
             writer = backend if postgres else pid
             if kind == "pass":
                 pass_started[(run_id, writer)] = event_id
@@ -311,7 +441,21 @@ class Harness:
         missing = sum(len(expected_steps - {step for (rid, step) in effects if rid == run.id}) for run in runs)
         exact = {"steps": self.args.passes * self.args.steps, "passes": self.args.passes}
         counters_exact = all(json.loads(r.counters) == exact and r.cursor == str(self.args.passes) for r in runs)
+        # A poison run ends failed within its policy: its body ran at most once per
+        # attempt, and the takeover that found the last attempt dead failed it.
+        limit = self.args.poison_attempts
+        poison_failed = sum(
+            run.status == "failed" and run.attempts <= limit and "stopped reporting" in (run.last_error or "")
+            and poison_bodies[run.id] <= limit
+            for run in poison.values()
+        )
         return {
+            "poison_failed": poison_failed,
+            "poison_bodies": sum(poison_bodies.values()),
+            "live_leases_taken": live_taken,
+            "stalls": self.stalls,
+            "stops": self.stops,
+            "skewed_workers": self.skewed_spawned,
             "kills": self.external_kills + sum(self.self_kills().values()),
             "kills_by_point": {"external": self.external_kills, **self.self_kills()},
             "runs": self.args.runs,
@@ -358,6 +502,8 @@ def main() -> int:
     )
     ok = (
         result["done"] == args.runs
+        and result["poison_failed"] == args.poison
+        and result["live_leases_taken"] == 0
         and result["repeated_committed_steps"] == 0
         and result["overlapping_holders"] == 0
         and result["cursor_regressions"] == 0
@@ -369,6 +515,10 @@ def main() -> int:
         f"repeated_committed_steps={result['repeated_committed_steps']} "
         f"overlapping_holders={result['overlapping_holders']} cursor_regressions={result['cursor_regressions']} "
         f"counters_exact={result['counters_exact']} at_least_once_repeats={result['at_least_once_repeats']}"
+        + (f" poison={args.poison} poison_failed_within_policy={result['poison_failed']}"
+           f" poison_bodies={result['poison_bodies']}" if args.poison else "")
+        + f" stalls={result['stalls']} stops={result['stops']} skewed_workers={result['skewed_workers']}"
+        f" live_leases_taken={result['live_leases_taken']}"
     )
     return 0 if ok else 1
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import time
 from typing import Any
 
@@ -47,3 +48,19 @@ def walk(p: Any) -> dict[str, Any]:
     p.count("passes")
     following = position + 1
     return {"cursor": following, "done": following >= p.payload["passes"]}
+
+
+#: How many attempts a poison run gets: every one of its passes kills its worker.
+POISON_ATTEMPTS = int(os.environ.get("TORTURE_POISON_ATTEMPTS", "3"))
+
+
+@job(retry=RetryPolicy(max_attempts=POISON_ATTEMPTS, base_delay=0, jitter=0))
+def poison(p: Any) -> dict[str, Any]:
+    """A run that kills its worker on every pass (an out-of-memory kill, a segfault)."""
+
+    def body() -> None:
+        _event("effect", p.run.id, "die")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    p.step("die", body)
+    return {"done": True}
