@@ -28,8 +28,9 @@ from django.utils import timezone
 from . import conf, db, sql, waiting
 from .exceptions import InvalidDriveOptions
 from .models import JobRun, Status
-from .passes import TRANSIENT, Claim, Outcome, PassOutcome, _summary, fail_abandoned, load_ledger
-from .passes import run_pass as run_pass  # re-exported: the testing helpers observe it here
+from .passes import TRANSIENT, Claim, Outcome, PassOutcome, _summary, fail_abandoned, load_ledger, run_pass
+from .passes import PassObserver as PassObserver  # the drive's hook for testing tools
+from .passes import observing as observing
 from .registry import Job, get_job, lookup, registered_jobs
 from .retry import as_timedelta
 
@@ -169,7 +170,7 @@ def _positive_int(value: Any, name: str) -> int:
 
 
 def _lease_ttl(value: Any) -> timedelta:
-    ttl = as_timedelta(value)
+    ttl = as_timedelta(conf.get("LEASE_TTL") if value is None else value)
     if ttl is None:
         raise InvalidDriveOptions(f"lease_ttl must be a timedelta or a number of seconds, got {value!r}")
     if ttl <= timedelta(0):
@@ -217,10 +218,10 @@ def _clock(value: Any) -> Callable[[], datetime]:
 
 def run_due_jobs(
     *,
-    limit: int = 50,
+    limit: int | None = None,
     max_passes: int | None = None,
     holder: str | None = None,
-    lease_ttl: timedelta | float = timedelta(minutes=5),
+    lease_ttl: timedelta | float | None = None,
     concurrency: int = 1,
     jobs: Iterable[Job | str] | None = None,
     stop: StopSignal | None = None,
@@ -238,11 +239,13 @@ def run_due_jobs(
     ``stop`` ends the wait at once. Then it finishes the pass in flight,
     releases, and returns.
 
-    Options that cannot mean what they say raise :class:`InvalidDriveOptions`
-    before anything is claimed. A run's failure never escapes: it is recorded
-    on the run and reported in ``errors``.
+    ``limit`` and ``lease_ttl`` default to ``JOBRUNS["DRIVE_LIMIT"]`` (50) and
+    ``JOBRUNS["LEASE_TTL"]`` (5 minutes); a job's own ``@job(lease=…)`` wins
+    over either. Options that cannot mean what they say raise
+    :class:`InvalidDriveOptions` before anything is claimed. A run's failure
+    never escapes: it is recorded on the run and reported in ``errors``.
     """
-    limit = _positive_int(limit, "limit")
+    limit = _positive_int(conf.get("DRIVE_LIMIT") if limit is None else limit, "limit")
     budget = _budget(max_seconds)
     if max_passes is None:
         max_passes = 1 if budget is None else _UNLIMITED
@@ -505,7 +508,7 @@ def drive_run(
     *,
     max_passes: int = 1,
     holder: str | None = None,
-    lease_ttl: timedelta | float = timedelta(minutes=5),
+    lease_ttl: timedelta | float | None = None,
     now: Callable[[], datetime] | None = None,
 ) -> DriveReport:
     """Claim and drive one given run, if it is due; the drive of ``run_due_jobs`` for a single run.

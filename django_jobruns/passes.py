@@ -13,13 +13,14 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import difflib
 import enum
 import json
 import logging
 import math
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import MappingProxyType
@@ -64,6 +65,48 @@ TRANSIENT: tuple[type[BaseException], ...] = (OperationalError, InterfaceError)
 
 #: Failures that retrying cannot fix: the run fails at once (P10).
 PERMANENT: tuple[type[BaseException], ...] = (GiveUp, Permanent, InvalidPassResult, StepReused, QueueUnsafe)
+
+
+class PassObserver:
+    """The drive's hook for testing tools: sees each pass and each step a drive runs.
+
+    Installed with :func:`observing` for the code inside a ``with`` block, in
+    that thread (a drive with ``concurrency`` > 1 runs its passes in threads of
+    its own, which it does not see). Override what you need:
+
+    - ``pass_started(run)`` before the handler is called;
+    - ``step(p, name, body, perform)`` in place of each ``p.step(name, body)``:
+      ``perform(fn)`` runs the step -- memo, retry policy, fence and all --
+      with ``fn`` as its body, and returns what ``p.step`` returns. Wrap
+      ``body`` to see whether it ran; raise :class:`AbandonPass` after
+      ``perform`` to simulate a crash right after the step's memo committed;
+    - ``pass_ended(run, outcome)`` after the pass's outcome was written (not
+      when the pass was abandoned).
+
+    ``django_jobruns.testing.assert_resumable`` is built on it.
+    """
+
+    def pass_started(self, run: JobRun) -> None:
+        pass
+
+    def step(self, p: Pass, name: str, body: Callable[[], Any], perform: Callable[[Callable[[], Any]], Any]) -> Any:
+        return perform(body)
+
+    def pass_ended(self, run: JobRun, outcome: PassOutcome) -> None:
+        pass
+
+
+_observer: contextvars.ContextVar[PassObserver | None] = contextvars.ContextVar("jobruns_observer", default=None)
+
+
+@contextlib.contextmanager
+def observing(observer: PassObserver) -> Iterator[None]:
+    """Let ``observer`` see the passes and steps driven in this thread inside the ``with`` block."""
+    token = _observer.set(observer)
+    try:
+        yield
+    finally:
+        _observer.reset(token)
 
 
 class AbandonPass(BaseException):  # noqa: N818 -- it is not an error: it is a simulated death
@@ -228,6 +271,12 @@ class Pass:
         returned. Step names must be a pure function of the payload and prior
         results.
         """
+        observer = _observer.get()
+        if observer is not None:
+            return observer.step(self, name, fn, lambda body: self._step(name, body, retry))
+        return self._step(name, fn, retry)
+
+    def _step(self, name: str, fn: Callable[[], T], retry: RetryPolicy | None) -> Any:
         _check_step_name(name)
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise TypeError(f"step {name!r}: retry must be a RetryPolicy, got {retry!r}")
@@ -440,6 +489,18 @@ def run_pass(
     raises for the handler's own failures; a database error writing the
     outcome propagates to the drive, which reports it.
     """
+    observer = _observer.get()
+    if observer is None:
+        return _run_pass(run, job, claim, release, ledger)
+    observer.pass_started(run)
+    outcome = _run_pass(run, job, claim, release, ledger)
+    observer.pass_ended(run, outcome)
+    return outcome
+
+
+def _run_pass(
+    run: JobRun, job: Job, claim: Claim, release: bool, ledger: dict[str, _LedgerRow] | None
+) -> PassOutcome:
     p: Pass | None = None
     if ledger is None:
         ledger = load_ledger(run.id)  # bookkeeping: a failure here is the drive's, not the job's

@@ -30,9 +30,10 @@ except ImportError:  # Django 5.2: the backport
 
 @task()
 def drive_due_jobs(
-    limit: int = 50, max_passes: int = 1, jobs: list[str] | None = None, lease_ttl_seconds: float = 300.0
+    limit: int | None = None, max_passes: int = 1, jobs: list[str] | None = None,
+    lease_ttl_seconds: float | None = None,
 ) -> dict[str, Any]:
-    """Run one drive pass (``run_due_jobs``) and return its report."""
+    """Run one drive pass (``run_due_jobs``) and return its report (defaults: the ``JOBRUNS`` settings)."""
     from .drive import run_due_jobs
 
     return run_due_jobs(limit=limit, max_passes=max_passes, jobs=jobs, lease_ttl=lease_ttl_seconds).as_dict()

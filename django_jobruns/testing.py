@@ -12,18 +12,15 @@ if the final cursor or counters differ from the straight run's.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
-from unittest import mock
 
 from django.utils import timezone
 
-from . import drive as drive_module
 from . import passes
-from .drive import drive_run
+from .drive import PassObserver, drive_run, observing
 from .models import JobRun, Status
 from .registry import Job, get_job
 from .starts import start_job_run
@@ -88,61 +85,55 @@ class _RunState:
 
 
 @dataclass
-class _Observer:
+class _Observer(PassObserver):
+    """Sees every step body of the drives it observes; crashes the pass after the ``crash_after``-th fresh step."""
+
     crash_after: int | None = None
     fresh_steps: int = 0
     runs: dict[str, _RunState] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     label: str = ""
 
+    def pass_started(self, run: JobRun) -> None:
+        self.runs.setdefault(run.id, _RunState()).position = 0
 
-@contextmanager
-def _observe(observer: _Observer) -> Iterator[None]:
-    original_step = passes.Pass.step
-    original_run_pass = drive_module.run_pass
-
-    def step(self: passes.Pass, name: str, fn: Callable[[], Any], *, retry: Any = None) -> Any:
-        state = observer.runs.setdefault(self.run.id, _RunState())
+    def step(self, p: passes.Pass, name: str, body: Callable[[], Any],
+             perform: Callable[[Callable[[], Any]], Any]) -> Any:
+        state = self.runs.setdefault(p.run.id, _RunState())
         position = state.position
         state.position += 1
         key = (state.pass_number, position)
+        ran: list[bool] = []
 
-        def body() -> Any:
+        def watched() -> Any:
             # Checked as the body starts, so a re-run is caught even if its
             # record then fails.
             before = state.completed.get(key)
-            where = f"{observer.label}: pass {state.pass_number + 1}, step #{position + 1}"
+            where = f"{self.label}: pass {state.pass_number + 1}, step #{position + 1}"
             if before == name:
-                observer.problems.append(f"{where} {name!r} ran again after it had completed")
+                self.problems.append(f"{where} {name!r} ran again after it had completed")
             elif before is not None:
-                observer.problems.append(
+                self.problems.append(
                     f"{where} was {before!r} before the crash and {name!r} after it, and ran again: step names "
                     "must be a pure function of the payload and prior results"
                 )
             ran.append(True)
-            return fn()
+            return body()
 
-        ran: list[bool] = []
-        result = original_step(self, name, body, retry=retry)
+        result = perform(watched)
         if ran:
             state.completed[key] = name
-            observer.fresh_steps += 1
-            if observer.crash_after == observer.fresh_steps:
+            self.fresh_steps += 1
+            if self.crash_after == self.fresh_steps:
                 raise SimulatedCrash(f"simulated crash after step {name!r}")
         return result
 
-    def run_pass(run: JobRun, *args: Any, **kwargs: Any) -> passes.PassOutcome:
-        state = observer.runs.setdefault(run.id, _RunState())
-        state.position = 0
-        outcome = original_run_pass(run, *args, **kwargs)
+    def pass_ended(self, run: JobRun, outcome: passes.PassOutcome) -> None:
+        state = self.runs.setdefault(run.id, _RunState())
         if outcome.warning:
-            observer.problems.append(f"{observer.label}: {outcome.warning}")
-        if outcome.status in ("advanced", "completed"):
+            self.problems.append(f"{self.label}: {outcome.warning}")
+        if outcome.status in (passes.Outcome.ADVANCED, passes.Outcome.COMPLETED):
             state.pass_number += 1
-        return outcome
-
-    with mock.patch.object(passes.Pass, "step", step), mock.patch.object(drive_module, "run_pass", run_pass):
-        yield
 
 
 def _drive(run: JobRun, observer: _Observer, max_passes: int) -> JobRun:
@@ -178,14 +169,14 @@ def assert_resumable(
     """
     entry = get_job(job)
     straight = _Observer(label="straight run")
-    with _observe(straight):
+    with observing(straight):
         run, _ = start_job_run(entry, instance=f"{instance}:straight", payload=payload)
         expected = _drive(run, straight, max_passes)
     problems = list(straight.problems)
     boundaries = straight.fresh_steps
     for boundary in range(1, boundaries + 1):
         observer = _Observer(crash_after=boundary, label=f"crash after step {boundary} of {boundaries}")
-        with _observe(observer):
+        with observing(observer):
             run, _ = start_job_run(entry, instance=f"{instance}:crash-{boundary}", payload=payload)
             final = _drive(run, observer, max_passes)
         problems.extend(observer.problems)

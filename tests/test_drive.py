@@ -54,6 +54,23 @@ def test_d1_scan_cap_is_a_setting(behaviour, clock, settings):
     assert run_due_jobs(limit=50, now=clock).attempted == 2
 
 
+def test_d1_the_functions_defaults_are_the_settings(behaviour, clock, settings):
+    """``run_due_jobs()`` and ``drive_run()`` take their limit and lease from ``JOBRUNS``, as the command does."""
+    from django_jobruns.drive import drive_run
+
+    settings.JOBRUNS = {"DRIVE_LIMIT": 2, "LEASE_TTL": timedelta(minutes=17)}
+    leases = []
+
+    def lease_seen(p):
+        leases.append(JobRun.objects.get(pk=p.run.id).lease_expires_at - clock.now)
+        return {"cursor": 1}
+
+    runs = _runs(behaviour, 3, lease_seen)
+    assert run_due_jobs(now=clock).attempted == 2
+    drive_run(runs[2].id, now=clock)
+    assert leases == [timedelta(minutes=17)] * 3
+
+
 def test_d1_jobs_option_limits_the_drive(behaviour, clock, effects):
     _runs(behaviour, 1, lambda p: {"done": True})
     start_job_run("tests.walk", instance="w", payload={"log": str(effects)})

@@ -88,3 +88,52 @@ def test_drive_to_completion_fails_with_the_runs_last_error_unless_failure_is_al
         drive_to_completion(run)
     failed = drive_to_completion(run, allow_failure=True)
     assert failed.status == Status.FAILED and "supplier 9 is gone" in failed.last_error
+
+
+def test_the_drive_hook_sees_passes_and_steps_and_can_abandon_a_pass(behaviour):
+    """``PassObserver`` / ``observing``: the documented hook the helpers use, usable by a project's own tools."""
+    from django_jobruns.drive import PassObserver, observing
+    from django_jobruns.passes import AbandonPass
+
+    ran = []
+
+    def handler(p):
+        first = p.step("a", lambda: ran.append("a") or 1)
+        second = p.step("b", lambda: ran.append("b") or 2)
+        return {"cursor": first + second, "done": True}
+
+    class Crash(AbandonPass):
+        pass
+
+    class Watcher(PassObserver):
+        def __init__(self):
+            self.seen = []
+
+        def pass_started(self, run):
+            self.seen.append(("start", run.instance))
+
+        def step(self, p, name, body, perform):
+            result = perform(body)
+            self.seen.append(("step", name, result))
+            if name == "a" and len(self.seen) == 2:
+                raise Crash("after a's memo")
+            return result
+
+        def pass_ended(self, run, outcome):
+            self.seen.append(("end", outcome.status))
+
+    behaviour["hooked"] = handler
+    run, _ = start_job_run("tests.scripted", instance="hooked")
+    watcher = Watcher()
+    with observing(watcher):
+        with pytest.raises(Crash):
+            drive_to_completion(run)
+        finished = drive_to_completion(run)
+    assert finished.status == Status.DONE and finished.cursor == "3"
+    assert ran == ["a", "b"], "a's memo committed before the crash: not run again"
+    assert watcher.seen == [("start", "hooked"), ("step", "a", 1), ("start", "hooked"), ("step", "a", 1),
+                            ("step", "b", 2), ("end", "completed")]
+    # Outside the block, nothing is observed.
+    again, _ = start_job_run("tests.scripted", instance="hooked")
+    drive_to_completion(again)
+    assert len(watcher.seen) == 6

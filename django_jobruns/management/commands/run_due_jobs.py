@@ -15,7 +15,6 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
-from django_jobruns import conf
 from django_jobruns.drive import run_due_jobs
 from django_jobruns.exceptions import JobRunsError
 
@@ -104,10 +103,10 @@ class Command(BaseCommand):
         try:
             ttl = options["lease_ttl"]
             report = run_due_jobs(
-                limit=options["limit"] or conf.get("DRIVE_LIMIT"),
+                limit=options["limit"],
                 max_passes=options["max_passes"],
                 holder=options["holder"],
-                lease_ttl=timedelta(seconds=ttl) if ttl is not None else conf.get("LEASE_TTL"),
+                lease_ttl=timedelta(seconds=ttl) if ttl is not None else None,
                 concurrency=options["concurrency"],
                 jobs=options["jobs"],
                 stop=stop,
