@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from django.utils import timezone
 
-from . import conf, db, sql, waiting
+from . import conf, db, waiting
 from .exceptions import InvalidDriveOptions
 from .models import JobRun, Status
 from .passes import TRANSIENT, Claim, Outcome, PassOutcome, _summary, fail_abandoned, load_ledger, run_pass
@@ -33,6 +33,7 @@ from .passes import PassObserver as PassObserver  # the drive's hook for testing
 from .passes import observing as observing
 from .registry import Job, get_job, lookup, registered_jobs
 from .retry import as_timedelta
+from .store import ClaimedRow, store
 
 logger = logging.getLogger("django_jobruns")
 
@@ -350,7 +351,7 @@ def _due_rows(selected: list[Job], now: datetime, limit: int, scan_max: int, rep
         # Pages of at least 50 rows, so that a small limit behind many orphans
         # costs a few reads rather than one per orphan.
         page = min(max(limit, 50), scan_max - scanned)
-        batch = sql.due(now, after, page)
+        batch = store().due(now, after, page)
         scanned += len(batch)
         for row in batch:
             if (row[2], row[3]) in wanted:
@@ -393,7 +394,7 @@ class _Drive:
 
     def claim(
         self, run_id: str, fence: int, ttl: timedelta, held_by: str | None
-    ) -> tuple[Claim, sql.ClaimedRow] | None:
+    ) -> tuple[Claim, ClaimedRow] | None:
         """Take the run if nobody claimed it since it was read, or their claim expired.
 
         ``held_by`` is the holder the due read saw on a lapsed lease: the claim
@@ -404,7 +405,7 @@ class _Drive:
             f"the pass under holder {held_by!r} stopped reporting and its lease expired "
             "(counted as a failed attempt)"
         )
-        row = sql.claim(run_id, fence, self.holder, now, now + ttl, takeover=takeover)
+        row = store().claim(run_id, fence, self.holder, now, now + ttl, takeover=takeover)
         if row is None:
             return None
         return Claim(run_id, self.holder, fence + 1, ttl, self.clock, now + ttl), row
@@ -473,7 +474,7 @@ class _Drive:
                 if self.stopping():
                     break
                 # The next pass resumes from what the store says was committed.
-                fresh = sql.read_run(run_id, self.clock())
+                fresh = store().read_run(run_id, self.clock())
                 if fresh is None or fresh.run.lease_fence != claim.fence or fresh.run.status != Status.RUNNING:
                     self.report.add(Count.LOST)
                     released = True

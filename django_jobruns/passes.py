@@ -26,9 +26,9 @@ from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, InterfaceError, OperationalError, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError
 
-from . import db, signals, sql
+from . import db, signals
 from .deadlocks import retry_deadlocks
 from .exceptions import (
     GiveUp,
@@ -48,6 +48,7 @@ from .models import JobRun, Status
 from .queue_safety import dump_queue_safe, dump_result
 from .registry import Job
 from .retry import RetryPolicy
+from .store import Ledger, StepWrite, store
 
 logger = logging.getLogger("django_jobruns")
 
@@ -135,7 +136,7 @@ class Claim:
 
     def write(self, **fields: Any) -> bool:
         """Write ``fields`` to the run if this claim is still the latest; return whether it was."""
-        return sql.update_fenced(self.run_id, self.fence, fields)
+        return store().write_fenced(self.run_id, self.fence, fields)
 
 
 @dataclass(frozen=True)
@@ -187,9 +188,9 @@ class _StepFailure:
     exc: BaseException
 
 
-def load_ledger(run_id: str, rows: sql.Ledger | None = None) -> dict[str, _LedgerRow]:
+def load_ledger(run_id: str, rows: Ledger | None = None) -> dict[str, _LedgerRow]:
     """The step ledger of the pass in flight: ``rows`` if the claim read them, else read in one query."""
-    entries = sql.ledger(run_id) if rows is None else rows
+    entries = store().ledger(run_id) if rows is None else rows
     return {step: _LedgerRow(result, attempts, error) for step, result, attempts, error in entries}
 
 
@@ -332,7 +333,7 @@ class Pass:
             return
         expiry = claim.expiry(now)
         try:
-            held = sql.heartbeat(claim.run_id, claim.fence, expiry)
+            held = store().heartbeat(claim.run_id, claim.fence, expiry)
         except TRANSIENT as exc:
             self._store_failed = exc
             raise
@@ -347,30 +348,11 @@ class Pass:
         exists = name in self._ledger
         expiry = claim.expiry(now)
         try:
-            if sql.one_statement_writes():
-                renewed = True
-                with _savepoint_if_nested():
-                    held = sql.record_step_fenced(claim.run_id, claim.fence, expiry, name, result, attempts, error,
-                                                  now, exists=exists)
-            else:
-                def write() -> tuple[bool, bool]:
-                    with transaction.atomic(using=db.alias()):
-                        # The step row is written only if this claim is still the latest:
-                        # the fence check and the heartbeat are one statement. While more
-                        # than half the lease is left, SQLite under IMMEDIATE checks the
-                        # fence with a read instead -- the transaction holds the database's
-                        # write lock, so no claim can come between the read and the write --
-                        # and spares a page write per step.
-                        renew = not (sql.read_checks_fence() and claim.expires_at - now > claim.ttl / 2)
-                        if renew:
-                            ok = sql.heartbeat(claim.run_id, claim.fence, expiry)
-                        else:
-                            ok = sql.fence_holds(claim.run_id, claim.fence)
-                        if ok:
-                            sql.record_step(claim.run_id, name, result, attempts, error, now, exists=exists)
-                        return ok, renew
-
-                held, renewed = retry_deadlocks(write, f"run {claim.run_id}: record of step {name!r}")
+            # Written only if this claim is still the latest; the lease renewed with it.
+            held, renewed = store().record_step(StepWrite(
+                claim.run_id, claim.fence, name, result, attempts, error, now, expires=expiry, exists=exists,
+                lease_left=claim.expires_at - now, ttl=claim.ttl,
+            ))
             if not held:
                 raise LeaseLost(f"run {claim.run_id}: the lease was taken over while step {name!r} ran")
         except LeaseLost:
@@ -385,17 +367,6 @@ class Pass:
 
     def _unused_memos(self) -> list[str]:
         return sorted(name for name, row in self._ledger.items() if row.result is not None and name not in self._used)
-
-
-def _savepoint_if_nested() -> Any:
-    """A savepoint around a one-statement write made inside the caller's transaction.
-
-    Outside any transaction the statement is its own and needs none. Inside one
-    (a test case, a caller's ``atomic``), a failed statement would otherwise
-    abort the caller's whole transaction on PostgreSQL.
-    """
-    wrapper = db.connection()
-    return transaction.atomic(using=wrapper.alias) if wrapper.in_atomic_block else contextlib.nullcontext()
 
 
 def _default_retry() -> RetryPolicy:
@@ -564,22 +535,8 @@ def _run_pass(
         fields.update(lease_holder=None, lease_expires_at=None)
     else:
         fields["lease_expires_at"] = claim.expires_at = claim.expiry(now)
-    if sql.one_statement_writes():
-        with _savepoint_if_nested():
-            held = sql.commit_fenced(run.id, claim.fence, fields, drop_ledger=bool(ledger))
-        if not held:
-            return PassOutcome(Outcome.LOST)
-    else:
-        def commit() -> bool:
-            with transaction.atomic(using=db.alias()):
-                if not claim.write(**fields):
-                    return False
-                if ledger:
-                    sql.drop_ledger(run.id)
-                return True
-
-        if not retry_deadlocks(commit, f"run {run.id}: pass commit"):
-            return PassOutcome(Outcome.LOST)
+    if not store().commit_pass(run.id, claim.fence, fields, drop_ledger=bool(ledger)):
+        return PassOutcome(Outcome.LOST)
     if signals.pass_committed.has_listeners() or (done and signals.run_completed.has_listeners()):
         identity = {"run_id": run.id, "module": run.module, "job": run.job, "instance": run.instance}
         decoded_cursor = json.loads(cursor) if cursor is not None else None

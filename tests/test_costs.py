@@ -66,10 +66,10 @@ def test_a_memoized_step_issues_no_statement(behaviour, clock):
 
 def _due_sql(now):
     """The due read exactly as the drive issues it."""
-    from django_jobruns import sql
+    from django_jobruns.store import store
 
     at = connection.ops.adapt_datetimefield_value(now)
-    return sql._db()[1].due_first, [at, at, 50]
+    return store().statements.due_first, [at, at, 50]
 
 
 def _plan(now) -> str:

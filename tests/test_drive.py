@@ -330,7 +330,7 @@ def test_d9_a_run_that_backed_off_queues_behind_runs_that_became_due_before_it()
 
 @pytest.mark.django_db
 def test_d9_the_orm_and_the_drives_due_read_agree():
-    from django_jobruns import sql
+    from django_jobruns.store import store
     from tests.conftest import Clock
 
     clock = Clock()
@@ -341,10 +341,10 @@ def test_d9_the_orm_and_the_drives_due_read_agree():
     JobRun.objects.filter(pk=runs[4].pk).update(lease_holder="h", lease_expires_at=clock.now + timedelta(1))
     JobRun.objects.filter(pk=runs[5].pk).update(started_at=clock.now - timedelta(days=3))
     orm = list(JobRun.objects.due(clock.now).in_due_order().values_list("id", flat=True))
-    raw = [row[0] for row in sql.due(clock.now, None, 50)]
+    raw = [row[0] for row in store().due(clock.now, None, 50)]
     assert orm == raw and set(orm) == {runs[0].pk, runs[1].pk, runs[5].pk}
     assert orm[0] == runs[5].pk, "the oldest start first"
     # Paging after a row continues in the same order.
-    first_page = sql.due(clock.now, None, 1)
-    rest = [row[0] for row in sql.due(clock.now, (first_page[0][5], first_page[0][0]), 50)]
+    first_page = store().due(clock.now, None, 1)
+    rest = [row[0] for row in store().due(clock.now, (first_page[0][5], first_page[0][0]), 50)]
     assert [first_page[0][0], *rest] == raw

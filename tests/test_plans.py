@@ -67,7 +67,7 @@ def test_the_admin_search_uses_the_trigram_indexes(admin_client):
 
 @pytest.mark.skipif("connection.vendor == 'mysql'", reason="MariaDB has no partial expression indexes")
 def test_the_due_read_is_a_range_of_the_due_order_index():
-    from django_jobruns import sql
+    from django_jobruns.store import store
 
     now = timezone.now()
     JobRun.objects.bulk_create([
@@ -76,5 +76,5 @@ def test_the_due_read_is_a_range_of_the_due_order_index():
     ] + [JobRun(module="tests", job="walk", instance=f"r{i}", started_at=now, updated_at=now) for i in range(1000)])
     with connection.cursor() as cur:
         cur.execute("ANALYZE")
-    queries = captured(lambda: sql.due(timezone.now(), None, 50))
+    queries = captured(lambda: store().due(timezone.now(), None, 50))
     assert "jobruns_due_order" in plan(queries[0])
