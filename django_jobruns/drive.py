@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from django.utils import timezone
 
-from . import conf, db, waiting
+from . import conf, db, transitions, waiting
 from .exceptions import InvalidDriveOptions
 from .models import JobRun, Status
 from .passes import TRANSIENT, Claim, Outcome, PassOutcome, _summary, fail_abandoned, load_ledger, run_pass
@@ -496,7 +496,7 @@ class _Drive:
 
     def release(self, claim: Claim) -> None:
         try:
-            claim.write(lease_holder=None, lease_expires_at=None)
+            claim.write(**transitions.released())
         except Exception:
             # Never raised: this runs in a finally that may be unwinding the
             # pass's own error, which is the one the operator needs to see.

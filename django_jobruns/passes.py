@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError, InterfaceError, OperationalError
 
-from . import db, signals
+from . import db, signals, transitions
 from .deadlocks import retry_deadlocks
 from .exceptions import (
     GiveUp,
@@ -44,7 +44,7 @@ from .exceptions import (
     StepReused,
     UndecodableRun,
 )
-from .models import JobRun, Status
+from .models import JobRun
 from .queue_safety import dump_queue_safe, dump_result
 from .registry import Job
 from .retry import RetryPolicy
@@ -519,22 +519,11 @@ def _run_pass(
         )
         logger.warning("run %s (%s.%s): %s", run.id, run.module, run.job, warning)
     now = claim.now()
-    fields: dict[str, Any] = {
-        "cursor": cursor,
-        "counters": json.dumps(p._counters, separators=(",", ":")),
-        "attempts": 0,
-        "last_error": None,
-        "next_attempt_at": None,
-        "updated_at": now,
-    }
-    if warning:
-        fields["last_warning"] = warning
-    if done:
-        fields.update(status=Status.DONE, ended_at=now, live=None)
-    if done or release:
-        fields.update(lease_holder=None, lease_expires_at=None)
-    else:
-        fields["lease_expires_at"] = claim.expires_at = claim.expiry(now)
+    keep_until = None if done or release else claim.expiry(now)
+    fields = transitions.advanced(cursor, json.dumps(p._counters, separators=(",", ":")), now, done=done,
+                                  lease_until=keep_until, warning=warning)
+    if keep_until is not None:
+        claim.expires_at = keep_until
     if not store().commit_pass(run.id, claim.fence, fields, drop_ledger=bool(ledger)):
         return PassOutcome(Outcome.LOST)
     if signals.pass_committed.has_listeners() or (done and signals.run_completed.has_listeners()):
@@ -569,17 +558,8 @@ def _fail(run: JobRun, job: Job, claim: Claim, p: Pass | None, exc: BaseExceptio
         summary = _summary(exc)
     summary = storable(summary, 2_000)
     now = claim.now()
-    fields: dict[str, Any] = {
-        "attempts": attempts,
-        "last_error": _with_traceback(summary, exc),
-        "updated_at": now,
-        "lease_holder": None,
-        "lease_expires_at": None,
-    }
-    if exhausted:
-        fields.update(status=Status.FAILED, ended_at=now, next_attempt_at=None, live=None)
-    else:
-        fields["next_attempt_at"] = policy.next_attempt_at(against, now)
+    fields = transitions.attempt_failed(attempts, _with_traceback(summary, exc), now,
+                                        next_attempt_at=None if exhausted else policy.next_attempt_at(against, now))
     if not retry_deadlocks(lambda: claim.write(**fields), f"run {run.id}: failed pass"):
         return PassOutcome(Outcome.LOST)
     logger.warning("run %s (%s.%s) pass failed%s: %s", run.id, run.module, run.job,
@@ -611,10 +591,7 @@ def fail_abandoned(run: JobRun, claim: Claim, held_by: str) -> PassOutcome:
         "or a step that outlasts the lease?)",
         2_000,
     )
-    written = claim.write(
-        status=Status.FAILED, ended_at=now, next_attempt_at=None, live=None, last_error=summary,
-        updated_at=now, lease_holder=None, lease_expires_at=None,
-    )
+    written = claim.write(**transitions.abandoned(summary, now))
     if not written:
         return PassOutcome(Outcome.LOST)
     logger.warning("run %s (%s.%s) failed: %s", run.id, run.module, run.job, summary)

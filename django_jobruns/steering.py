@@ -16,10 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import F
 from django.utils import timezone
 
-from . import db, signals
+from . import db, signals, transitions
 from .exceptions import NotLive
 from .models import JobRun, Status
 
@@ -64,11 +63,7 @@ def cancel_job_run(run: JobRun | str, *, reason: str = "") -> JobRun:
         raise TypeError(f"reason must be text, got {reason!r:.100}")
     now = timezone.now()
     note = f"cancelled: {reason}" if reason else "cancelled"
-    current = _steer(
-        run, "cancelled", status=Status.CANCELLED, live=None, ended_at=now, updated_at=now, paused_at=None,
-        next_attempt_at=None, lease_holder=None, lease_expires_at=None, lease_fence=F("lease_fence") + 1,
-        last_error=note[:10_000],
-    )
+    current = _steer(run, "cancelled", **transitions.cancelled(note[:10_000], now))
     signals.send_after_commit(signals.run_cancelled, run_id=current.id, module=current.module, job=current.job,
                               instance=current.instance, reason=reason)
     return current
@@ -79,7 +74,7 @@ def pause_job_run(run: JobRun | str) -> JobRun:
     now = timezone.now()
     run_id = _run_id(run)
     JobRun.objects.using(db.alias()).filter(pk=run_id, status=Status.RUNNING, paused_at__isnull=True).update(
-        paused_at=now, updated_at=now)
+        **transitions.paused(now))
     return _live(run_id, "paused")
 
 
@@ -88,7 +83,7 @@ def unpause_job_run(run: JobRun | str) -> JobRun:
     now = timezone.now()
     run_id = _run_id(run)
     JobRun.objects.using(db.alias()).filter(pk=run_id, status=Status.RUNNING, paused_at__isnull=False).update(
-        paused_at=None, updated_at=now)
+        **transitions.unpaused(now))
     current = _live(run_id, "unpaused")
     signals.notify_due()
     return current
@@ -96,6 +91,6 @@ def unpause_job_run(run: JobRun | str) -> JobRun:
 
 def retry_job_run_now(run: JobRun | str) -> JobRun:
     """Make a live run waiting out its backoff due at once (a paused one stays paused)."""
-    current = _steer(run, "retried", next_attempt_at=None)
+    current = _steer(run, "retried", **transitions.made_due())
     signals.notify_due()
     return current
