@@ -66,7 +66,7 @@ class ClaimedRow:
     ledger: Ledger | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class StepWrite:
     """A step record to write under a claim, and the claim's lease as the pass knows it."""
 
@@ -308,48 +308,46 @@ class Store:
         the renewal in one statement), then the step's row.
         """
 
+        wrapper, st = self.connection, self.statements
+        adapt = wrapper.ops.adapt_datetimefield_value
+
         def record() -> tuple[bool, bool]:
-            with transaction.atomic(using=self.alias):
-                renew = self._renews(write)
+            with transaction.atomic(using=self.alias), wrapper.cursor() as cur:
+                renew = self._renews(wrapper, write)
                 if renew:
-                    held = self.heartbeat(write.run_id, write.fence, write.expires)
+                    cur.execute(st.heartbeat, [adapt(write.expires), write.run_id, write.fence])
+                    held = cur.rowcount == 1
                 else:
-                    held = self._fence_holds(write.run_id, write.fence)
+                    cur.execute(st.fence_holds, [write.run_id, write.fence])
+                    held = cur.fetchone() is not None
                 if held:
-                    self._write_step(write)
+                    if write.exists:
+                        cur.execute(st.update_step, [write.result, write.attempts, write.error, adapt(write.at),
+                                                     write.run_id, write.step])
+                    else:
+                        cur.execute(st.insert_step, [write.run_id, write.step, write.result, write.attempts,
+                                                     write.error, adapt(write.at)])
                 return held, renew
 
         return retry_deadlocks(record, f"run {write.run_id}: record of step {write.step!r}")
 
-    def _renews(self, write: StepWrite) -> bool:
+    def _renews(self, wrapper: Any, write: StepWrite) -> bool:
+        """Whether this step write renews the lease (else it only checks the fence)."""
         return True
-
-    def _fence_holds(self, run_id: str, fence: int) -> bool:
-        with self.connection.cursor() as cur:
-            cur.execute(self.statements.fence_holds, [run_id, fence])
-            return cur.fetchone() is not None
-
-    def _write_step(self, write: StepWrite) -> None:
-        st = self.statements
-        recorded = self.connection.ops.adapt_datetimefield_value(write.at)
-        with self.connection.cursor() as cur:
-            if write.exists:
-                cur.execute(st.update_step, [write.result, write.attempts, write.error, recorded, write.run_id,
-                                             write.step])
-            else:
-                cur.execute(st.insert_step, [write.run_id, write.step, write.result, write.attempts, write.error,
-                                             recorded])
 
     def commit_pass(self, run_id: str, fence: int, fields: dict[str, Any], *, drop_ledger: bool) -> bool:
         """Write the pass's transition and drop its ledger, if ``fence`` still holds; return whether it did."""
 
+        wrapper, st = self.connection, self.statements
+        params = [*self._adapted(wrapper, fields), run_id, fence]
+
         def commit() -> bool:
-            with transaction.atomic(using=self.alias):
-                if not self.write_fenced(run_id, fence, fields):
+            with transaction.atomic(using=self.alias), wrapper.cursor() as cur:
+                cur.execute(f"{st.update_fenced_prefix}{st.assignments(fields)}{st.update_fenced_where}", params)
+                if cur.rowcount != 1:
                     return False
                 if drop_ledger:
-                    with self.connection.cursor() as cur:
-                        cur.execute(self.statements.drop_ledger, [run_id])
+                    cur.execute(st.drop_ledger, [run_id])
                 return True
 
         return retry_deadlocks(commit, f"run {run_id}: pass commit")
@@ -359,12 +357,12 @@ class Store:
         wrapper, st = self.connection, self.statements
         with wrapper.cursor() as cur:
             cur.execute(f"{st.update_fenced_prefix}{st.assignments(fields)}{st.update_fenced_where}",
-                        [*self._adapted(fields), run_id, fence])
+                        [*self._adapted(wrapper, fields), run_id, fence])
             return bool(cur.rowcount == 1)
 
-    def _adapted(self, fields: dict[str, Any]) -> list[Any]:
+    def _adapted(self, wrapper: Any, fields: dict[str, Any]) -> list[Any]:
         """The values of ``fields`` as query parameters, datetimes adapted for this database."""
-        adapt = self.connection.ops.adapt_datetimefield_value
+        adapt = wrapper.ops.adapt_datetimefield_value
         return [adapt(v) if isinstance(v, datetime) else v for v in fields.values()]
 
 
@@ -373,7 +371,7 @@ class SQLiteStore(Store):
 
     returning = sqlite3.sqlite_version_info >= (3, 35)
 
-    def _renews(self, write: StepWrite) -> bool:
+    def _renews(self, wrapper: Any, write: StepWrite) -> bool:
         # Under IMMEDIATE the transaction holds the database's write lock from
         # BEGIN, so a read of the fence is as good as a locking write, and
         # spares a page write per step while more than half the lease is left.
@@ -381,7 +379,7 @@ class SQLiteStore(Store):
         # first and writes later cannot wait for the lock when another
         # connection wrote meanwhile ("database is locked" at once, whatever the
         # timeout), so there the transaction writes first.
-        immediate = getattr(self.connection, "transaction_mode", None) in ("IMMEDIATE", "EXCLUSIVE")
+        immediate = getattr(wrapper, "transaction_mode", None) in ("IMMEDIATE", "EXCLUSIVE")
         return not (immediate and write.lease_left > write.ttl / 2)
 
 
@@ -406,10 +404,10 @@ class PostgresStore(Store):
         return self._claimed(row[: len(RUN_FIELDS)], now, ledger)
 
     def record_step(self, write: StepWrite) -> tuple[bool, bool]:
-        st = self.statements
-        adapt = self.connection.ops.adapt_datetimefield_value
+        wrapper, st = self.connection, self.statements
+        adapt = wrapper.ops.adapt_datetimefield_value
         head = [adapt(write.expires), write.run_id, write.fence]
-        with self._savepoint_if_nested(), self.connection.cursor() as cur:
+        with self._savepoint_if_nested(wrapper), wrapper.cursor() as cur:
             if write.exists:
                 cur.execute(st.update_step_fenced,
                             [*head, write.result, write.attempts, write.error, adapt(write.at), write.step])
@@ -419,24 +417,24 @@ class PostgresStore(Store):
             return cur.fetchone() is not None, True
 
     def commit_pass(self, run_id: str, fence: int, fields: dict[str, Any], *, drop_ledger: bool) -> bool:
-        st = self.statements
+        wrapper, st = self.connection, self.statements
         text = (
             f"WITH fenced AS ({st.update_fenced_prefix}{st.assignments(fields)}{st.commit_where}"
             f"{st.commit_drop if drop_ledger else st.commit_keep}"
         )
-        with self._savepoint_if_nested(), self.connection.cursor() as cur:
-            cur.execute(text, [*self._adapted(fields), run_id, fence])
+        with self._savepoint_if_nested(wrapper), wrapper.cursor() as cur:
+            cur.execute(text, [*self._adapted(wrapper, fields), run_id, fence])
             (count,) = cur.fetchone()
             return bool(count == 1)
 
-    def _savepoint_if_nested(self) -> Any:
+    def _savepoint_if_nested(self, wrapper: Any) -> Any:
         """A savepoint around a one-statement write made inside the caller's transaction.
 
         Outside any transaction the statement is its own and needs none. Inside
         one (a test case, a caller's ``atomic``), a failed statement would
         otherwise abort the caller's whole transaction.
         """
-        if self.connection.in_atomic_block:
+        if wrapper.in_atomic_block:
             return transaction.atomic(using=self.alias)
         return contextlib.nullcontext()
 
