@@ -4,8 +4,8 @@
 key                    default                      meaning
 =====================  ===========================  ==========================================
 ``DEFAULT_RETRY``      ``RetryPolicy()``            policy of a job (and step) that names none
-``LEASE_TTL``          ``timedelta(minutes=5)``     ``run_due_jobs`` command's lease length
-``DRIVE_LIMIT``        ``50``                       ``run_due_jobs`` command's ``--limit``
+``LEASE_TTL``          ``timedelta(minutes=5)``     the drive's lease, where a job names none
+``DRIVE_LIMIT``        ``50``                       runs one drive takes at most (``--limit``)
 ``SCAN_MAX``           ``500``                      rows one drive reads at most
 ``PAYLOAD_MAX_BYTES``  ``1_048_576``                largest payload or cursor, as JSON
 =====================  ===========================  ==========================================
