@@ -226,13 +226,26 @@ def test_prune_deletes_only_old_finished_runs_in_batches():
         out = call("prune_job_runs", "--older-than", "30", "--batch-size", "2")
     assert out == "deleted 5 finished run(s) older than 30 day(s)"
     deletes = [q for q in ctx.captured_queries
-               if q["sql"].startswith("DELETE FROM") and "django_jobruns_jobrun" in q["sql"].split("WHERE")[0]]
-    assert len(deletes) == 3, "five runs deleted two at a time"
+               if (q["sql"].startswith("DELETE FROM") and "django_jobruns_jobrun" in q["sql"].split("WHERE")[0])
+               or q["sql"].startswith("WITH batch")]  # PostgreSQL: one statement per batch
+    done_batches = [q for q in deletes if "done" in q["sql"]]  # one prune per status: done's are these
+    assert len(done_batches) == 3, "five runs deleted two at a time"
     assert not JobStep.objects.filter(run=old_failed).exists()
     assert set(JobRun.objects.values_list("pk", flat=True)) == {recent.pk, live.pk, restarted.pk}
     restarted.refresh_from_db()
     assert restarted.restarted_from_id is None and not JobStep.objects.exists()
     assert all(not JobRun.objects.filter(pk=r.pk).exists() for r in old_done)
+
+
+@pytest.mark.django_db
+def test_prune_deletes_a_run_and_the_restart_of_it_in_one_batch():
+    first = _finished("lineage", Status.FAILED, 40)
+    second = _finished("lineage", Status.FAILED, 40)
+    JobRun.objects.filter(pk=second.pk).update(restarted_from=first)
+    third = _finished("lineage", Status.FAILED, 1)  # recent: kept, its link to a pruned run cleared
+    JobRun.objects.filter(pk=third.pk).update(restarted_from=second)
+    assert call("prune_job_runs", "--older-than", "30") == "deleted 2 finished run(s) older than 30 day(s)"
+    assert list(JobRun.objects.values_list("pk", "restarted_from")) == [(third.pk, None)]
 
 
 @pytest.mark.parametrize(

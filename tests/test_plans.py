@@ -56,6 +56,15 @@ def test_prune_reads_its_batches_through_the_ended_index():
     assert "jobruns_prune" in plan(queries[0])
 
 
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="the one-statement batch is PostgreSQL's")
+def test_a_prune_batch_is_one_statement_through_the_prune_index():
+    seed()
+    queries = captured(lambda: prune_job_runs(older_than=timezone.timedelta(0), batch_size=20))
+    assert len(queries) == 3 and all(q.startswith("WITH batch") for q in queries), queries  # 20 + 20 + 10
+    assert "jobruns_prune" in plan(queries[0])
+    assert not JobRun.objects.exists()
+
+
 @pytest.mark.skipif("connection.vendor != 'postgresql'", reason="trigram indexes are PostgreSQL's")
 def test_the_admin_search_uses_the_trigram_indexes(admin_client):
     seed()
