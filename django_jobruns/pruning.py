@@ -77,7 +77,7 @@ def prune_job_runs(
         while True:
             with wrapper.cursor() as cur:
                 cur.execute(batch, params)
-                count = cur.rowcount
+                count: int = cur.rowcount
             deleted += count
             if count and progress is not None:
                 progress(deleted)
