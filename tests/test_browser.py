@@ -181,8 +181,11 @@ def test_changelist_is_readable_at_1280_px(browser, live_server, screenshots):
             .map(cell => cell.className || cell.textContent.slice(0, 30));
         const widths = [...table.querySelectorAll('thead th')]
             .map(th => [th.className, Math.round(th.getBoundingClientRect().width)]);
-        return {widths: widths, page: document.documentElement.scrollWidth, window: window.innerWidth,
-                box: results.clientWidth, table: results.scrollWidth, clipped: clipped};
+        table.style.width = 'min-content';
+        const least = table.getBoundingClientRect().width;
+        table.style.width = '';
+        return {least: Math.round(least), widths: widths, page: document.documentElement.scrollWidth,
+                window: window.innerWidth, box: results.clientWidth, table: results.scrollWidth, clipped: clipped};
     """)
     assert sizes["page"] <= sizes["window"], sizes
     assert sizes["table"] <= sizes["box"], sizes
