@@ -122,7 +122,8 @@ def main() -> int:
             raise SystemExit(f"{name}: HTTP {response.status_code}")
         queries[name] = len(ctx.captured_queries)
         if args.plans:
-            main_query = max(ctx.captured_queries, key=lambda q: float(q["time"]))["sql"]
+            main_query = max((q for q in ctx.captured_queries if not q["sql"].startswith("EXPLAIN")),
+                             key=lambda q: float(q["time"]))["sql"]
             with connection.cursor() as cur:
                 cur.execute(("EXPLAIN (ANALYZE, BUFFERS) " if connection.vendor == "postgresql"
                              else "EXPLAIN QUERY PLAN ") + main_query)
