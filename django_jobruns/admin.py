@@ -87,30 +87,31 @@ class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
     @cached_property
     def count(self) -> int:
         queryset = self.object_list
-        if isinstance(queryset, QuerySet) and queryset.query.where and self.estimate_filtered:
-            if connections[queryset.db].vendor == "postgresql":
+        if not isinstance(queryset, QuerySet) or connections[queryset.db].vendor != "postgresql":
+            return int(super().count)
+        if queryset.query.where:
+            if self.estimate_filtered:
                 plan = json.loads(queryset.order_by().explain(format="json"))
                 rows = int(plan[0]["Plan"]["Plan Rows"])
                 if rows > self.ESTIMATE_ABOVE:
                     self.estimated = True
                     return rows
-        if isinstance(queryset, QuerySet) and not queryset.query.where:
-            wrapper = connections[queryset.db]
-            if wrapper.vendor == "postgresql":
-                table = wrapper.ops.quote_name(queryset.model._meta.db_table)
-                # One query either way: the exact count runs only when the
-                # estimate is small (an InitPlan is evaluated on first use).
-                with wrapper.cursor() as cur:
-                    cur.execute(
-                        f"SELECT CASE WHEN reltuples > %s THEN reltuples::bigint "
-                        f"ELSE (SELECT COUNT(*) FROM {table}) END FROM pg_class WHERE oid = %s::regclass",
-                        [self.ESTIMATE_ABOVE, table],
-                    )
-                    row = cur.fetchone()
-                if row is not None:
-                    self.estimated = int(row[0]) > self.ESTIMATE_ABOVE
-                    return int(row[0])
-        return int(super().count)
+            return int(super().count)
+        wrapper = connections[queryset.db]
+        table = wrapper.ops.quote_name(queryset.model._meta.db_table)
+        # One query either way: the exact count runs only when the estimate is
+        # small (an InitPlan is evaluated on first use).
+        with wrapper.cursor() as cur:
+            cur.execute(
+                f"SELECT CASE WHEN reltuples > %s THEN reltuples::bigint "
+                f"ELSE (SELECT COUNT(*) FROM {table}) END FROM pg_class WHERE oid = %s::regclass",
+                [self.ESTIMATE_ABOVE, table],
+            )
+            row = cur.fetchone()
+        if row is None:
+            return int(super().count)
+        self.estimated = int(row[0]) > self.ESTIMATE_ABOVE
+        return int(row[0])
 
 
 #: Characters of one stored value the change view shows at most; a note says what was cut.

@@ -178,6 +178,10 @@ class Statements:
         self.commit_keep = ") SELECT COUNT(*) FROM fenced"
         self._assignments: dict[tuple[str, ...], str] = {}
 
+    def update_fenced(self, fields: Any) -> str:
+        """The UPDATE that writes these fields if the run's fence is still the one given (its last two parameters)."""
+        return f"{self.update_fenced_prefix}{self.assignments(fields)}{self.update_fenced_where}"
+
     def assignments(self, fields: Any) -> str:
         """``"col" = %s, …`` for these field names (cached: passes write the same few sets)."""
         key = tuple(fields)
@@ -343,7 +347,7 @@ class Store:
 
         def commit() -> bool:
             with transaction.atomic(using=self.alias), wrapper.cursor() as cur:
-                cur.execute(f"{st.update_fenced_prefix}{st.assignments(fields)}{st.update_fenced_where}", params)
+                cur.execute(st.update_fenced(fields), params)
                 if cur.rowcount != 1:
                     return False
                 if drop_ledger:
@@ -356,8 +360,7 @@ class Store:
         """Write ``fields`` (a transition) to the run if ``fence`` is still its fence; return whether it was."""
         wrapper, st = self.connection, self.statements
         with wrapper.cursor() as cur:
-            cur.execute(f"{st.update_fenced_prefix}{st.assignments(fields)}{st.update_fenced_where}",
-                        [*self._adapted(wrapper, fields), run_id, fence])
+            cur.execute(st.update_fenced(fields), [*self._adapted(wrapper, fields), run_id, fence])
             return bool(cur.rowcount == 1)
 
     def _adapted(self, wrapper: Any, fields: dict[str, Any]) -> list[Any]:
