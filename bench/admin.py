@@ -47,13 +47,22 @@ def phase_fill(db: str, name: str, count: int) -> dict[str, int]:
     batch = []
     for i in range(count):
         status = (Status.DONE, Status.DONE, Status.FAILED, Status.RUNNING)[i % 4]
-        batch.append(JobRun(
-            module="demo", job="import_catalog", instance=f"supplier-{i}", status=status,
-            live=True if status == Status.RUNNING else None, payload=json.dumps({"supplier": i}),
-            cursor=str(i % 10_000), counters=json.dumps({"imported": i % 10_000, "total": 10_000}),
-            last_error="step 'fetch:7500' failed: connection reset" if status == Status.FAILED else None,
-            started_at=now, updated_at=now, ended_at=None if status == Status.RUNNING else now,
-        ))
+        batch.append(
+            JobRun(
+                module="demo",
+                job="import_catalog",
+                instance=f"supplier-{i}",
+                status=status,
+                live=True if status == Status.RUNNING else None,
+                payload=json.dumps({"supplier": i}),
+                cursor=str(i % 10_000),
+                counters=json.dumps({"imported": i % 10_000, "total": 10_000}),
+                last_error="step 'fetch:7500' failed: connection reset" if status == Status.FAILED else None,
+                started_at=now,
+                updated_at=now,
+                ended_at=None if status == Status.RUNNING else now,
+            )
+        )
         if len(batch) == 5000:
             JobRun.objects.bulk_create(batch)
             batch = []
@@ -102,14 +111,17 @@ def main() -> int:
         return 0
 
     urls = fill_databases("admin.py", args.db, "admin", [SMALL, args.large])
-    results = interleave(args.rounds, urls, lambda count, url: run_phase(
-        "admin.py", "--phase", "render", "--db", args.db, "--name", url))
+    results = interleave(
+        args.rounds, urls, lambda count, url: run_phase("admin.py", "--phase", "render", "--db", args.db, "--name", url)
+    )
     samples = {count: [r["seconds"] for r in rs] for count, rs in results.items()}
     queries = {count: int(rs[-1]["queries"]) for count, rs in results.items()}
     drop_databases(args.db, "admin", [SMALL, args.large])
     small, large = median(samples[SMALL]), median(samples[args.large])
-    print(f"db={args.db} rounds={args.rounds} changelist_ms: {SMALL}={small * 1000:.1f} "
-          f"{args.large}={large * 1000:.1f} (medians of 10 renders a round)")
+    print(
+        f"db={args.db} rounds={args.rounds} changelist_ms: {SMALL}={small * 1000:.1f} "
+        f"{args.large}={large * 1000:.1f} (medians of 10 renders a round)"
+    )
     print(f"queries_1k={queries[SMALL]} queries_100k={queries[args.large]} render_ratio_100k_to_1k={large / small:.2f}")
     return 0
 

@@ -38,11 +38,21 @@ def phase(db: str, name: str, runs: int, passes: int, args: list[str]) -> dict[s
 
     for i in range(runs):
         start_job_run("perf.chunked", instance=f"b{i}", payload={"passes": passes})
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "bench.settings", "DATABASE_URL": url, "PYTHONPATH": str(ROOT),
-           "BENCH_RUNS": str(runs)}
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "bench.settings",
+        "DATABASE_URL": url,
+        "PYTHONPATH": str(ROOT),
+        "BENCH_RUNS": str(runs),
+    }
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "backlog.py"), "--drive", *args],
-                          cwd=ROOT, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "backlog.py"), "--drive", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(proc.stderr[-3000:])
@@ -50,8 +60,12 @@ def phase(db: str, name: str, runs: int, passes: int, args: list[str]) -> dict[s
     committed = sum(json.loads(c).get("passes", 0) for c in JobRun.objects.values_list("counters", flat=True))
     connection.close()
     drop_database(db, name)
-    return {"committed": committed / (runs * passes), "in_passes": inner["in_passes"], "wall": wall,
-            "drive_seconds": inner["seconds"]}
+    return {
+        "committed": committed / (runs * passes),
+        "in_passes": inner["in_passes"],
+        "wall": wall,
+        "drive_seconds": inner["seconds"],
+    }
 
 
 def drive(args: list[str]) -> None:
@@ -83,6 +97,7 @@ def drive(args: list[str]) -> None:
         return original(p)
 
     jobs.chunked.handler = timed
+
     def committed(sender, run_id, **kwargs):  # type: ignore[no-untyped-def]
         last[0] = time.perf_counter()
         spans.append(last[0] - entered[run_id])
@@ -101,7 +116,7 @@ def main() -> int:
         drive([a for a in sys.argv[1:] if a != "--drive"])
         return 0
     if "--phase" in sys.argv:  # one fresh process per database: --phase DB NAME RUNS PASSES ARGS…
-        db, name, runs, passes, *args = sys.argv[sys.argv.index("--phase") + 1:]
+        db, name, runs, passes, *args = sys.argv[sys.argv.index("--phase") + 1 :]
         print(json.dumps(phase(db, name, int(runs), int(passes), args)))
         return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -114,8 +129,10 @@ def main() -> int:
     budgeted = run_phase("backlog.py", "--phase", *common, "--max-seconds", str(args.budget))
     cron = run_phase("backlog.py", "--phase", *common, "--max-passes", "20")
     print(f"budgeted: {budgeted}\ncron line (--max-passes 20, no budget): {cron}")
-    print(f"budgeted_committed={budgeted['committed']:.2f} budgeted_in_passes={budgeted['in_passes']:.2f} "
-          f"cron_committed={cron['committed']:.2f} cron_in_passes={cron['in_passes']:.2f}")
+    print(
+        f"budgeted_committed={budgeted['committed']:.2f} budgeted_in_passes={budgeted['in_passes']:.2f} "
+        f"cron_committed={cron['committed']:.2f} cron_in_passes={cron['in_passes']:.2f}"
+    )
     return 0
 
 

@@ -58,7 +58,10 @@ def run_phase(script: str, *args: str) -> dict[str, Any]:
     """Run one phase of a benchmark in a fresh process and return the JSON it prints last."""
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / script), *args],
-        cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     if proc.returncode != 0:
         raise SystemExit(f"{script} {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
@@ -89,7 +92,9 @@ def fill_databases(script: str, db: str, prefix: str, counts: list[int]) -> dict
         name = f"bench_{prefix}_{index}"
         target = str(folder / name) if db == "sqlite" else name
         run_phase(script, "--phase", "fill", "--db", db, "--name", target, "--count", str(count))
-        urls[count] = f"sqlite:///{target}.sqlite3" if db == "sqlite" else f"postgresql://postgres@127.0.0.1:5432/{name}"
+        urls[count] = (
+            f"sqlite:///{target}.sqlite3" if db == "sqlite" else f"postgresql://postgres@127.0.0.1:5432/{name}"
+        )
     return urls
 
 

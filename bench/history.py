@@ -45,8 +45,20 @@ def phase_fill(db: str, name: str, history: int) -> dict[str, object]:
     now = timezone.now()
     batch = []
     for i in range(history):
-        batch.append(JobRun(module="perf", job="five_steps", instance=f"old-{i}", status=Status.DONE, live=None,
-                            cursor="1", counters='{"steps": 5}', started_at=now, updated_at=now, ended_at=now))
+        batch.append(
+            JobRun(
+                module="perf",
+                job="five_steps",
+                instance=f"old-{i}",
+                status=Status.DONE,
+                live=None,
+                cursor="1",
+                counters='{"steps": 5}',
+                started_at=now,
+                updated_at=now,
+                ended_at=now,
+            )
+        )
         if len(batch) == 5000:
             JobRun.objects.bulk_create(batch)
             batch = []
@@ -98,17 +110,21 @@ def main() -> int:
         print(json.dumps(phase_drive(args.name, 5)))
         return 0
 
-
     targets = fill_databases("history.py", args.db, "history", [0, args.history])
-    results = interleave(args.rounds, targets, lambda retained, url: run_phase(
-        "history.py", "--phase", "drive", "--db", args.db, "--name", url))
+    results = interleave(
+        args.rounds,
+        targets,
+        lambda retained, url: run_phase("history.py", "--phase", "drive", "--db", args.db, "--name", url),
+    )
     samples = {retained: [float(r["seconds"]) for r in rs] for retained, rs in results.items()}
     plan = str(results[args.history][-1]["plan"])
     small, big = median(samples[0]), median(samples[args.history])
     drop_databases(args.db, "history", [0, args.history])
     print(f"due read plan with {args.history} retained: {plan}")
-    print(f"db={args.db} rounds={args.rounds} drive_of_{DUE}_runs_ms: retained_0={small * 1000:.1f} "
-          f"retained_{args.history}={big * 1000:.1f} (medians)")
+    print(
+        f"db={args.db} rounds={args.rounds} drive_of_{DUE}_runs_ms: retained_0={small * 1000:.1f} "
+        f"retained_{args.history}={big * 1000:.1f} (medians)"
+    )
     print(f"ratio_100k_to_0={big / small:.2f}")
     return 0
 

@@ -58,6 +58,7 @@ def phase_dbos(db: str, starts: int, polling: float) -> dict[str, float]:
     url = fresh_database(db, name)
     DBOS(config={"name": "jobruns-latency", "system_database_url": url, "log_level": "ERROR"})
     logging.getLogger("dbos").setLevel(logging.ERROR)
+
     @DBOS.step()
     def stamp() -> float:
         return time.time()
@@ -100,8 +101,14 @@ def main() -> int:
     from django_jobruns.models import JobRun
 
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "bench.settings", "DATABASE_URL": url, "PYTHONPATH": str(ROOT)}
-    drive = subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "run_due_jobs", "--max-seconds", "600",
-                              "--json"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    drive = subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), "run_due_jobs", "--max-seconds", "600", "--json"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         warm, _ = start_job_run("perf.stamp", instance="warm-up")
         wait_done(warm.pk)
@@ -123,12 +130,17 @@ def main() -> int:
     drop_database(args.db, "bench_latency")
     dbos = {}
     for polling in (1.0, 0.1):
-        dbos[polling] = run_phase("latency.py", "--phase", "dbos", "--db", args.db, "--starts", str(args.starts),
-                                  "--polling", str(polling))
-        print(f"DBOS queue, polling_interval_sec={polling}: p50_ms={dbos[polling]['p50_ms']:.1f} "
-              f"p99_ms={dbos[polling]['p99_ms']:.1f} max_ms={dbos[polling]['max_ms']:.1f}")
-    print(f"p50_ms={p50:.1f} p99_ms={p99:.1f} max_ms={top:.1f} starts={len(latencies)} "
-          f"dbos_p50_ms={dbos[1.0]['p50_ms']:.1f} dbos_p99_ms={dbos[1.0]['p99_ms']:.1f}")
+        dbos[polling] = run_phase(
+            "latency.py", "--phase", "dbos", "--db", args.db, "--starts", str(args.starts), "--polling", str(polling)
+        )
+        print(
+            f"DBOS queue, polling_interval_sec={polling}: p50_ms={dbos[polling]['p50_ms']:.1f} "
+            f"p99_ms={dbos[polling]['p99_ms']:.1f} max_ms={dbos[polling]['max_ms']:.1f}"
+        )
+    print(
+        f"p50_ms={p50:.1f} p99_ms={p99:.1f} max_ms={top:.1f} starts={len(latencies)} "
+        f"dbos_p50_ms={dbos[1.0]['p50_ms']:.1f} dbos_p99_ms={dbos[1.0]['p99_ms']:.1f}"
+    )
     return 0
 
 

@@ -66,10 +66,11 @@ def pages(size: int) -> dict[str, tuple[str, dict[str, str]]]:
         "search: rare instance": (changelist, {"q": f"supplier-{rare}"}),
         "search: rare error text": (changelist, {"q": f"supplier {rare} reset"}),
         "search: exact id": (changelist, {"q": str(rare).zfill(26)}),
-        "started-at range (one day)": (changelist, {"started_at__range__gte": _day(3),
-                                                   "started_at__range__lte": _day(2)}),
-        "ended-at range (one day)": (changelist, {"ended_at__range__gte": _day(3),
-                                                 "ended_at__range__lte": _day(2)}),
+        "started-at range (one day)": (
+            changelist,
+            {"started_at__range__gte": _day(3), "started_at__range__lte": _day(2)},
+        ),
+        "ended-at range (one day)": (changelist, {"ended_at__range__gte": _day(3), "ended_at__range__lte": _day(2)}),
         "deep page (p=200)": (changelist, {"p": "200"}),
         "change view": (f"{changelist}{str(rare).zfill(26)}/change/", {}),
     }
@@ -107,8 +108,10 @@ def main() -> int:
     client = Client()
     client.force_login(User.objects.get(username="bench"))
     rare = args.size // 2 + 2 - (args.size // 2 + 2) % 4 + 2
-    targets = {name: (lambda url=url, params=params: client.get(url, params)) for name, (url, params) in
-               pages(args.size).items()}
+    targets = {
+        name: (lambda url=url, params=params: client.get(url, params))
+        for name, (url, params) in pages(args.size).items()
+    }
     targets["job_runs(instance=…)"] = lambda: job_runs(instance=f"supplier-{rare}")
     targets["job_runs(status='failed')"] = lambda: job_runs(status="failed")
     targets["job_runs(job='demo.import_catalog')"] = lambda: job_runs(job="demo.import_catalog")
@@ -122,11 +125,14 @@ def main() -> int:
             raise SystemExit(f"{name}: HTTP {response.status_code}")
         queries[name] = len(ctx.captured_queries)
         if args.plans:
-            main_query = max((q for q in ctx.captured_queries if not q["sql"].startswith("EXPLAIN")),
-                             key=lambda q: float(q["time"]))["sql"]
+            main_query = max(
+                (q for q in ctx.captured_queries if not q["sql"].startswith("EXPLAIN")), key=lambda q: float(q["time"])
+            )["sql"]
             with connection.cursor() as cur:
-                cur.execute(("EXPLAIN (ANALYZE, BUFFERS) " if connection.vendor == "postgresql"
-                             else "EXPLAIN QUERY PLAN ") + main_query)
+                cur.execute(
+                    ("EXPLAIN (ANALYZE, BUFFERS) " if connection.vendor == "postgresql" else "EXPLAIN QUERY PLAN ")
+                    + main_query
+                )
                 plans[name] = "\n".join(" ".join(str(c) for c in row) for row in cur.fetchall())
     for _ in range(args.rounds):
         for name, fn in targets.items():

@@ -55,12 +55,34 @@ def worker(workers: int) -> None:
 def measure(workers: int, args: argparse.Namespace) -> dict[str, float]:
     fresh_database("postgres", NAME)
     setup_env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    subprocess.run([sys.executable, __file__, "--phase", "prepare", "--runs", str(args.runs), "--passes",
-                    str(args.passes), "--steps", str(args.steps), "--wait", str(args.wait)],
-                   check=True, env=setup_env, cwd=ROOT)
+    subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--phase",
+            "prepare",
+            "--runs",
+            str(args.runs),
+            "--passes",
+            str(args.passes),
+            "--steps",
+            str(args.steps),
+            "--wait",
+            str(args.wait),
+        ],
+        check=True,
+        env=setup_env,
+        cwd=ROOT,
+    )
     procs = [
-        subprocess.Popen([sys.executable, __file__, "--phase", "worker", "--workers", str(workers)],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=setup_env, cwd=ROOT)
+        subprocess.Popen(
+            [sys.executable, __file__, "--phase", "worker", "--workers", str(workers)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=setup_env,
+            cwd=ROOT,
+        )
         for _ in range(workers)
     ]
     for proc in procs:
@@ -95,8 +117,11 @@ def main() -> int:
         from django_jobruns import start_job_run
 
         for i in range(args.runs):
-            start_job_run("perf.io_steps", instance=f"r{i}",
-                          payload={"passes": args.passes, "steps": args.steps, "wait": args.wait})
+            start_job_run(
+                "perf.io_steps",
+                instance=f"r{i}",
+                payload={"passes": args.passes, "steps": args.steps, "wait": args.wait},
+            )
         return 0
     if args.phase == "worker":
         worker(args.workers)
@@ -110,13 +135,18 @@ def main() -> int:
             result = measure(w, args)
             rates[w].append(result["passes_per_s"])
             contended[w].append(result["skipped"])
-            print(f"w{w}: {result['passes_per_s']:.1f} passes/s, {result['skipped']:.0f} contended claims, "
-                  f"{result['cpu_ms']:.1f} ms of worker CPU per pass", flush=True)
+            print(
+                f"w{w}: {result['passes_per_s']:.1f} passes/s, {result['skipped']:.0f} contended claims, "
+                f"{result['cpu_ms']:.1f} ms of worker CPU per pass",
+                flush=True,
+            )
     drop_database("postgres", NAME)
     w = {n: median(rates[n]) for n in counts}
-    print(f"runs={args.runs} passes={args.passes} steps={args.steps} step_wait={args.wait * 1000:.0f}ms "
-          f"ideal_w1={1 / (args.steps * args.wait):.1f} contended_claims="
-          + ",".join(f"w{n}:{median(contended[n]):.0f}" for n in counts))
+    print(
+        f"runs={args.runs} passes={args.passes} steps={args.steps} step_wait={args.wait * 1000:.0f}ms "
+        f"ideal_w1={1 / (args.steps * args.wait):.1f} contended_claims="
+        + ",".join(f"w{n}:{median(contended[n]):.0f}" for n in counts)
+    )
     print(f"w1={w[1]:.1f} w2={w[2]:.1f} w4={w[4]:.1f} w8={w[8]:.1f} efficiency_w8={w[8] / (8 * w[1]):.2f}")
     return 0
 

@@ -21,7 +21,8 @@ elif DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     DATABASES["default"]["OPTIONS"] = {
         "transaction_mode": "IMMEDIATE",
         "timeout": 30,
-        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;" if _wal
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"
+        if _wal
         else "PRAGMA journal_mode=DELETE; PRAGMA synchronous=FULL;",
     }
 

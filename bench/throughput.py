@@ -169,7 +169,8 @@ def main() -> int:
             samples.setdefault(f"ours_{mode}", []).append(run_phase("throughput.py", "--phase", "ours", *common))
             samples.setdefault(f"raw_{mode}", []).append(run_phase("throughput.py", "--phase", "raw", *common))
         samples.setdefault("dbos", []).append(
-            run_phase("throughput.py", "--phase", "dbos", "--db", args.db, "--runs", str(args.runs)))
+            run_phase("throughput.py", "--phase", "dbos", "--db", args.db, "--runs", str(args.runs))
+        )
         print(f"round {round_number + 1}: " + json.dumps({k: v[-1] for k, v in samples.items()}), flush=True)
 
     def figures(mode: str) -> dict[str, float]:
@@ -177,21 +178,31 @@ def main() -> int:
         commits_per_pass = median([s["commits_per_pass"] for s in samples[f"ours_{mode}"]])
         raw = median([s["commits_per_s"] for s in samples[f"raw_{mode}"]])
         limit_steps_per_s = raw * STEPS / commits_per_pass
-        return {"ours": ours, "commits_per_pass": commits_per_pass, "raw_commits_per_s": raw,
-                "share": ours / limit_steps_per_s}
+        return {
+            "ours": ours,
+            "commits_per_pass": commits_per_pass,
+            "raw_commits_per_s": raw,
+            "share": ours / limit_steps_per_s,
+        }
 
     dbos = median([s["steps_per_s"] for s in samples["dbos"]])
     if args.db == "sqlite":
         wal = figures("wal")
-        print(f"WAL (recommended settings; DBOS not run in WAL): ours_steps_per_s={wal['ours']:.0f} "
-              f"raw_commits_per_s={wal['raw_commits_per_s']:.0f} commits_per_pass={wal['commits_per_pass']:g} "
-              f"commit_limit_share={wal['share']:.2f} ratio_to_dbos_rollback={wal['ours'] / dbos:.2f}")
+        print(
+            f"WAL (recommended settings; DBOS not run in WAL): ours_steps_per_s={wal['ours']:.0f} "
+            f"raw_commits_per_s={wal['raw_commits_per_s']:.0f} commits_per_pass={wal['commits_per_pass']:g} "
+            f"commit_limit_share={wal['share']:.2f} ratio_to_dbos_rollback={wal['ours'] / dbos:.2f}"
+        )
     main_figures = figures("rollback")
-    print(f"db={args.db} runs={args.runs} steps_per_pass={STEPS} rounds={args.rounds} "
-          f"raw_commits_per_s={main_figures['raw_commits_per_s']:.0f} (medians)")
-    print(f"ours_steps_per_s={main_figures['ours']:.0f} dbos_steps_per_s={dbos:.0f} "
-          f"ratio={main_figures['ours'] / dbos:.2f} commits_per_pass={main_figures['commits_per_pass']:g} "
-          f"commit_limit_share={main_figures['share']:.2f}")
+    print(
+        f"db={args.db} runs={args.runs} steps_per_pass={STEPS} rounds={args.rounds} "
+        f"raw_commits_per_s={main_figures['raw_commits_per_s']:.0f} (medians)"
+    )
+    print(
+        f"ours_steps_per_s={main_figures['ours']:.0f} dbos_steps_per_s={dbos:.0f} "
+        f"ratio={main_figures['ours'] / dbos:.2f} commits_per_pass={main_figures['commits_per_pass']:g} "
+        f"commit_limit_share={main_figures['share']:.2f}"
+    )
     return 0
 
 

@@ -118,12 +118,15 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--poison-attempts", type=int, default=3, help="the poison job's max_attempts")
     parser.add_argument("--stalls", type=int, default=0, help="row-lock stalls past the lease")
     parser.add_argument("--stops", type=int, default=0, help="workers stopped (SIGSTOP) past their lease")
-    parser.add_argument("--skewed-workers", type=int, default=0,
-                        help="worker slots whose clock runs --skew-seconds fast (PostgreSQL)")
+    parser.add_argument(
+        "--skewed-workers", type=int, default=0, help="worker slots whose clock runs --skew-seconds fast (PostgreSQL)"
+    )
     parser.add_argument("--skew-seconds", type=float, default=600.0)
-    parser.add_argument("--allow-skew-on-sqlite", action="store_true",
-                        help="skewed workers on SQLite, whose one clock is the host's: shows the harness "
-                             "catching live leases taken")
+    parser.add_argument(
+        "--allow-skew-on-sqlite",
+        action="store_true",
+        help="skewed workers on SQLite, whose one clock is the host's: shows the harness catching live leases taken",
+    )
     args = parser.parse_args()
     for name in ("workers", "runs", "passes", "steps", "poison_attempts"):
         if getattr(args, name) < 1:
@@ -134,8 +137,10 @@ def parse_args() -> argparse.Namespace:
     if args.skewed_workers > args.workers:
         parser.error("--skewed-workers cannot exceed --workers")
     if args.skewed_workers and args.db == "sqlite" and not args.allow_skew_on_sqlite:
-        parser.error("--skewed-workers needs PostgreSQL: SQLite's one clock is the host's "
-                     "(--allow-skew-on-sqlite to watch the harness catch what that costs)")
+        parser.error(
+            "--skewed-workers needs PostgreSQL: SQLite's one clock is the host's "
+            "(--allow-skew-on-sqlite to watch the harness catch what that costs)"
+        )
     return args
 
 
@@ -197,8 +202,9 @@ class Harness:
         from django_jobruns import start_job_run
 
         for n in range(self.args.runs):
-            start_job_run("torture.walk", instance=f"r{n}",
-                          payload={"passes": self.args.passes, "steps": self.args.steps})
+            start_job_run(
+                "torture.walk", instance=f"r{n}", payload={"passes": self.args.passes, "steps": self.args.steps}
+            )
         for n in range(self.args.poison):
             start_job_run("torture.poison", instance=f"poison{n}")
         # A quarter of the kills each inside a step body, between an effect and
@@ -221,11 +227,22 @@ class Harness:
         # Short drives of random size, as cron would run them: every new worker
         # reads the due runs afresh and contends for them with the others.
         proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "manage.py"), "run_due_jobs",
-             "--max-passes", str(self.rng.randint(1, self.args.passes)),
-             "--limit", str(self.rng.randint(1, max(1, self.args.runs // 2))),
-             "--lease-ttl", str(self.args.lease_ttl), "--json"],
-            env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                str(ROOT / "manage.py"),
+                "run_due_jobs",
+                "--max-passes",
+                str(self.rng.randint(1, self.args.passes)),
+                "--limit",
+                str(self.rng.randint(1, max(1, self.args.runs // 2))),
+                "--lease-ttl",
+                str(self.args.lease_ttl),
+                "--json",
+            ],
+            env=env,
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         log.close()
         self.workers.append((proc, time.monotonic()))
@@ -247,7 +264,8 @@ class Harness:
             conn: Any = psycopg.connect(self.url.replace("postgres://", "postgresql://"))
             row = conn.execute(
                 f"SELECT id FROM {table} WHERE status = 'running' AND lease_holder IS NOT NULL "
-                "ORDER BY random() LIMIT 1 FOR UPDATE SKIP LOCKED").fetchone()
+                "ORDER BY random() LIMIT 1 FOR UPDATE SKIP LOCKED"
+            ).fetchone()
         else:
             import sqlite3
 
@@ -260,7 +278,8 @@ class Harness:
                 conn.close()
                 return False
             row = conn.execute(
-                f"SELECT id FROM {table} WHERE status = 'running' AND lease_holder IS NOT NULL LIMIT 1").fetchone()
+                f"SELECT id FROM {table} WHERE status = 'running' AND lease_holder IS NOT NULL LIMIT 1"
+            ).fetchone()
         if row is None:
             conn.rollback()
             conn.close()
@@ -445,7 +464,9 @@ class Harness:
         # attempt, and the takeover that found the last attempt dead failed it.
         limit = self.args.poison_attempts
         poison_failed = sum(
-            run.status == "failed" and run.attempts <= limit and "stopped reporting" in (run.last_error or "")
+            run.status == "failed"
+            and run.attempts <= limit
+            and "stopped reporting" in (run.last_error or "")
             and poison_bodies[run.id] <= limit
             for run in poison.values()
         )
@@ -515,8 +536,12 @@ def main() -> int:
         f"repeated_committed_steps={result['repeated_committed_steps']} "
         f"overlapping_holders={result['overlapping_holders']} cursor_regressions={result['cursor_regressions']} "
         f"counters_exact={result['counters_exact']} at_least_once_repeats={result['at_least_once_repeats']}"
-        + (f" poison={args.poison} poison_failed_within_policy={result['poison_failed']}"
-           f" poison_bodies={result['poison_bodies']}" if args.poison else "")
+        + (
+            f" poison={args.poison} poison_failed_within_policy={result['poison_failed']}"
+            f" poison_bodies={result['poison_bodies']}"
+            if args.poison
+            else ""
+        )
         + f" stalls={result['stalls']} stops={result['stops']} skewed_workers={result['skewed_workers']}"
         f" live_leases_taken={result['live_leases_taken']}"
     )

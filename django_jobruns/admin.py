@@ -57,6 +57,7 @@ def steering_verbs(run: JobRun, now: Any) -> list[str]:
         verbs.insert(0, "retry_now")
     return verbs
 
+
 # Generic for the type checker only: Django's admin classes are not subscriptable at run time.
 if TYPE_CHECKING:
     _InlineBase = admin.TabularInline[JobStep, JobRun]
@@ -136,11 +137,14 @@ def _pretty(text: str | None, *, empty: str = "—") -> SafeString:
         raw, cut = _bounded(text)
         return format_html(
             '<p class="errornote jobruns-decode-error">Cannot decode: {}</p><pre class="jobruns-raw">{}</pre>{}',
-            why, raw, format_html('<p class="jobruns-cut">{}</p>', cut) if cut else "",
+            why,
+            raw,
+            format_html('<p class="jobruns-cut">{}</p>', cut) if cut else "",
         )
     shown, cut = _bounded(pretty)
-    return format_html('<pre class="jobruns-json">{}</pre>{}', shown,
-                       format_html('<p class="jobruns-cut">{}</p>', cut) if cut else "")
+    return format_html(
+        '<pre class="jobruns-json">{}</pre>{}', shown, format_html('<p class="jobruns-cut">{}</p>', cut) if cut else ""
+    )
 
 
 def _progress(counters_text: str) -> SafeString | str:
@@ -156,7 +160,11 @@ def _progress(counters_text: str) -> SafeString | str:
         share = max(0.0, min(1.0, done / total))
         return format_html(
             '<progress class="jobruns-progress" value="{}" max="{}" title="{} of {}"></progress> {}%',
-            done, total, done, total, round(share * 100),
+            done,
+            total,
+            done,
+            total,
+            round(share * 100),
         )
     text = ", ".join(f"{key}={value!s:.50}" for key, value in sorted(counters.items())[:20])
     return text if len(counters) <= 20 else f"{text}, … ({len(counters) - 20} more)"
@@ -186,8 +194,13 @@ class StateFilter(admin.SimpleListFilter):
     parameter_name = "state"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("backoff", "in backoff"), ("leased", "leased"), ("lapsed", "lease lapsed"), ("paused", "paused"),
-                ("unregistered", "job not registered here")]
+        return [
+            ("backoff", "in backoff"),
+            ("leased", "leased"),
+            ("lapsed", "lease lapsed"),
+            ("paused", "paused"),
+            ("unregistered", "job not registered here"),
+        ]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> QuerySet[JobRun]:
         now = timezone.now()
@@ -242,8 +255,14 @@ class JobStepInline(_InlineBase):
 class JobRunAdmin(_AdminBase):
     change_form_template = "admin/django_jobruns/jobrun/change_form.html"
     list_display = (
-        "id", "key", "status_badge", "progress", "attempts_and_next",
-        "lease_state", "error_short", "started_ended",
+        "id",
+        "key",
+        "status_badge",
+        "progress",
+        "attempts_and_next",
+        "lease_state",
+        "error_short",
+        "started_ended",
     )
     list_filter = (
         "status",
@@ -265,7 +284,11 @@ class JobRunAdmin(_AdminBase):
     paginator = EstimatedCountPaginator
     inlines = [JobStepInline]
     actions = [
-        "restart_selected", "resume_selected", "cancel_selected", "pause_selected", "unpause_selected",
+        "restart_selected",
+        "resume_selected",
+        "cancel_selected",
+        "pause_selected",
+        "unpause_selected",
         "retry_now_selected",
     ]
     fieldsets = (
@@ -276,9 +299,25 @@ class JobRunAdmin(_AdminBase):
         ("Lineage", {"fields": ("restarted_from_link", "restarts_links")}),
     )
     readonly_fields = (
-        "id", "key", "status_badge", "progress", "started_at", "updated_at", "ended_at", "attempts",
-        "next_attempt_at", "last_error_display", "last_warning", "payload_display", "cursor_display",
-        "counters_display", "lease_holder", "lease_state", "lease_expires_at", "lease_fence", "restarted_from_link",
+        "id",
+        "key",
+        "status_badge",
+        "progress",
+        "started_at",
+        "updated_at",
+        "ended_at",
+        "attempts",
+        "next_attempt_at",
+        "last_error_display",
+        "last_warning",
+        "payload_display",
+        "cursor_display",
+        "counters_display",
+        "lease_holder",
+        "lease_state",
+        "lease_expires_at",
+        "lease_fence",
+        "restarted_from_link",
         "restarts_links",
     )
 
@@ -291,8 +330,9 @@ class JobRunAdmin(_AdminBase):
             return queryset.filter(pk=term), False
         return super().get_search_results(request, queryset, search_term)
 
-    def get_paginator(self, request: HttpRequest, queryset: Any, per_page: int, orphans: int = 0,
-                      allow_empty_first_page: bool = True) -> EstimatedCountPaginator:
+    def get_paginator(
+        self, request: HttpRequest, queryset: Any, per_page: int, orphans: int = 0, allow_empty_first_page: bool = True
+    ) -> EstimatedCountPaginator:
         paginator = EstimatedCountPaginator(queryset, per_page, orphans, allow_empty_first_page)
         paginator.estimate_filtered = not request.GET.get(SEARCH_VAR)
         return paginator
@@ -314,8 +354,11 @@ class JobRunAdmin(_AdminBase):
     @admin.display(description="status", ordering="status")
     def status_badge(self, obj: JobRun) -> SafeString:
         if obj.status == Status.RUNNING and obj.paused_at is not None:
-            return format_html('<span class="jobruns-status jobruns-status-paused" title="paused at {}">{}</span>',
-                               obj.paused_at, "running (paused)")
+            return format_html(
+                '<span class="jobruns-status jobruns-status-paused" title="paused at {}">{}</span>',
+                obj.paused_at,
+                "running (paused)",
+            )
         return format_html('<span class="jobruns-status jobruns-status-{}">{}</span>', obj.status, obj.status)
 
     @admin.display(description="lease", ordering="lease_expires_at")
@@ -328,9 +371,16 @@ class JobRunAdmin(_AdminBase):
             return format_html(
                 '<span class="jobruns-lease-lapsed" title="lapsed at {}; the next drive takes the run over and counts '
                 'that pass as a failed attempt">lapsed {} ago — its holder {} stopped reporting</span>',
-                obj.lease_expires_at, timesince(obj.lease_expires_at, now, depth=1), obj.lease_holder)
-        return format_html('<span class="jobruns-lease-held" title="until {}">held by {}, expires in {}</span>',
-                           obj.lease_expires_at, obj.lease_holder, timeuntil(obj.lease_expires_at, now, depth=1))
+                obj.lease_expires_at,
+                timesince(obj.lease_expires_at, now, depth=1),
+                obj.lease_holder,
+            )
+        return format_html(
+            '<span class="jobruns-lease-held" title="until {}">held by {}, expires in {}</span>',
+            obj.lease_expires_at,
+            obj.lease_holder,
+            timeuntil(obj.lease_expires_at, now, depth=1),
+        )
 
     @admin.display(description="attempts", ordering="attempts")
     def attempts_and_next(self, obj: JobRun) -> SafeString:
@@ -338,10 +388,14 @@ class JobRunAdmin(_AdminBase):
         if obj.next_attempt_at is None:
             return format_html("{}", obj.attempts)
         now = timezone.now()
-        when = (f"next in {timeuntil(obj.next_attempt_at, now, depth=1)}" if obj.next_attempt_at > now
-                else f"next due {timesince(obj.next_attempt_at, now, depth=1)} ago")
-        return format_html('{}<br><span class="jobruns-next" title="{}">{}</span>', obj.attempts,
-                           _exact(obj.next_attempt_at), when)
+        when = (
+            f"next in {timeuntil(obj.next_attempt_at, now, depth=1)}"
+            if obj.next_attempt_at > now
+            else f"next due {timesince(obj.next_attempt_at, now, depth=1)} ago"
+        )
+        return format_html(
+            '{}<br><span class="jobruns-next" title="{}">{}</span>', obj.attempts, _exact(obj.next_attempt_at), when
+        )
 
     @admin.display(description="started / ended", ordering="started_at")
     def started_ended(self, obj: JobRun) -> SafeString:
@@ -422,7 +476,9 @@ class JobRunAdmin(_AdminBase):
     def render_change_form(self, request: HttpRequest, context: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
         obj = kwargs.get("obj")
         context["can_restart"] = (
-            obj is not None and obj.status == Status.FAILED and self.has_restart_permission(request)
+            obj is not None
+            and obj.status == Status.FAILED
+            and self.has_restart_permission(request)
             and not obj.restarts.exists()
         )
         verbs = steering_verbs(obj, timezone.now()) if obj is not None and self.has_steer_permission(request) else []
@@ -460,8 +516,11 @@ class JobRunAdmin(_AdminBase):
         now = timezone.now()
         skipped = [run.pk for run in runs if verb not in steering_verbs(run, now)]
         if skipped:
-            self.message_user(request, f"Skipped {len(skipped)} run(s) to which {STEERING[verb][0]!r} does not "
-                                       f"apply: {', '.join(skipped)}", messages.WARNING)
+            self.message_user(
+                request,
+                f"Skipped {len(skipped)} run(s) to which {STEERING[verb][0]!r} does not apply: {', '.join(skipped)}",
+                messages.WARNING,
+            )
         for run in runs:
             if run.pk not in skipped:
                 self._steer(request, run, verb)
@@ -502,15 +561,21 @@ class JobRunAdmin(_AdminBase):
             self.log_addition(request, new, f"{verb} as a new run from failed run {run.pk}")
             self.message_user(
                 request,
-                format_html('{} failed run {} as new run <a href="{}">{}</a>.', verb, run.pk, _change_url(new.pk),
-                            new.pk),
+                format_html(
+                    '{} failed run {} as new run <a href="{}">{}</a>.', verb, run.pk, _change_url(new.pk), new.pk
+                ),
                 messages.SUCCESS,
             )
         else:
             self.message_user(
                 request,
-                format_html('A live run for {} was already running: joined run <a href="{}">{}</a> instead of '
-                            "starting another.", f"{run.label} [{run.instance}]", _change_url(new.pk), new.pk),
+                format_html(
+                    'A live run for {} was already running: joined run <a href="{}">{}</a> instead of '
+                    "starting another.",
+                    f"{run.label} [{run.instance}]",
+                    _change_url(new.pk),
+                    new.pk,
+                ),
                 messages.WARNING,
             )
         return new

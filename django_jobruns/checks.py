@@ -54,10 +54,12 @@ def check_rangefilter_installed(app_configs: Any = None, **kwargs: Any) -> list[
     from django.apps import apps
 
     if apps.is_installed("django.contrib.admin") and not apps.is_installed("rangefilter"):
-        return [checks.Error(
-            "'rangefilter' is not in INSTALLED_APPS: the job run admin's date-range filters need its "
-            "templates, and the changelist fails without them.",
-            hint="Add \"rangefilter\" to INSTALLED_APPS (django-admin-rangefilter is installed with django-jobruns).",
-            id="jobruns.E004",
-        )]
+        return [
+            checks.Error(
+                "'rangefilter' is not in INSTALLED_APPS: the job run admin's date-range filters need its "
+                "templates, and the changelist fails without them.",
+                hint='Add "rangefilter" to INSTALLED_APPS (django-admin-rangefilter is installed with django-jobruns).',
+                id="jobruns.E004",
+            )
+        ]
     return []

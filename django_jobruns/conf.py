@@ -55,8 +55,12 @@ def problems(configured: Any) -> list[tuple[str, str]]:
     found = []
     unknown = sorted(set(configured) - set(DEFAULTS))
     if unknown:
-        found.append(("jobruns.E001", f"JOBRUNS has unknown key(s) {', '.join(map(repr, unknown))}; "
-                                      f"known: {', '.join(DEFAULTS)}"))
+        found.append(
+            (
+                "jobruns.E001",
+                f"JOBRUNS has unknown key(s) {', '.join(map(repr, unknown))}; known: {', '.join(DEFAULTS)}",
+            )
+        )
     retry = configured.get("DEFAULT_RETRY")
     if retry is not None and not isinstance(retry, RetryPolicy):
         found.append(("jobruns.E002", f"JOBRUNS['DEFAULT_RETRY'] must be a RetryPolicy, got {retry!r}"))

@@ -98,8 +98,17 @@ class DriveReport:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     COUNTS = (
-        "attempted", "advanced", "completed", "retrying", "failed", "skipped", "stale", "lost", "unreleased",
-        "unregistered", "taken_over",
+        "attempted",
+        "advanced",
+        "completed",
+        "retrying",
+        "failed",
+        "skipped",
+        "stale",
+        "lost",
+        "unreleased",
+        "unregistered",
+        "taken_over",
     )
     #: Counts the one-line summary shows only when they are not zero.
     RARE = ("unregistered", "taken_over")
@@ -300,8 +309,16 @@ def _budget(value: Any) -> float | None:
 
 
 def _round(
-    report: DriveReport, selected: list[Job], holder: str, ttl: timedelta, clock: Callable[[], datetime],
-    max_passes: int, stop: StopSignal | None, limit: int, concurrency: int, deadline: float | None,
+    report: DriveReport,
+    selected: list[Job],
+    holder: str,
+    ttl: timedelta,
+    clock: Callable[[], datetime],
+    max_passes: int,
+    stop: StopSignal | None,
+    limit: int,
+    concurrency: int,
+    deadline: float | None,
 ) -> bool:
     """One pass over what is due now; return whether any run was claimed."""
     scan_max = int(conf.get("SCAN_MAX"))
@@ -366,8 +383,15 @@ def _due_rows(selected: list[Job], now: datetime, limit: int, scan_max: int, rep
 
 class _Drive:
     def __init__(
-        self, report: DriveReport, holder: str, ttl: timedelta, clock: Callable[[], datetime],
-        max_passes: int, stop: StopSignal | None, limit: int, deadline: float | None = None,
+        self,
+        report: DriveReport,
+        holder: str,
+        ttl: timedelta,
+        clock: Callable[[], datetime],
+        max_passes: int,
+        stop: StopSignal | None,
+        limit: int,
+        deadline: float | None = None,
     ) -> None:
         self.slots = limit
         self.slots_lock = threading.Lock()
@@ -392,18 +416,20 @@ class _Drive:
         finally:
             db.connection().close()
 
-    def claim(
-        self, run_id: str, fence: int, ttl: timedelta, held_by: str | None
-    ) -> tuple[Claim, ClaimedRow] | None:
+    def claim(self, run_id: str, fence: int, ttl: timedelta, held_by: str | None) -> tuple[Claim, ClaimedRow] | None:
         """Take the run if nobody claimed it since it was read, or their claim expired.
 
         ``held_by`` is the holder the due read saw on a lapsed lease: the claim
         is then a takeover, which charges that holder's silent pass.
         """
         now = self.clock()
-        takeover = None if held_by is None else (
-            f"the pass under holder {held_by!r} stopped reporting and its lease expired "
-            "(counted as a failed attempt)"
+        takeover = (
+            None
+            if held_by is None
+            else (
+                f"the pass under holder {held_by!r} stopped reporting and its lease expired "
+                "(counted as a failed attempt)"
+            )
         )
         row = store().claim(run_id, fence, self.holder, now, now + ttl, takeover=takeover)
         if row is None:
@@ -522,8 +548,10 @@ def drive_run(
     holder = _holder_name(holder)
     clock = _clock(now)
     row = (
-        JobRun.objects.using(db.alias()).filter(pk=run_id)
-        .values_list("lease_fence", "module", "job", "lease_holder", "lease_expires_at").first()
+        JobRun.objects.using(db.alias())
+        .filter(pk=run_id)
+        .values_list("lease_fence", "module", "job", "lease_holder", "lease_expires_at")
+        .first()
     )
     if row is None:
         raise LookupError(f"no run has the id {run_id!r}")

@@ -69,9 +69,7 @@ class StepExhausted(JobRunsError):
     """A step whose recorded attempts already reached its retry policy was asked for again."""
 
     def __init__(self, step: str, attempts: int, last_error: str | None) -> None:
-        super().__init__(
-            f"step {step!r} is exhausted after {attempts} attempt(s): {last_error or 'no error recorded'}"
-        )
+        super().__init__(f"step {step!r} is exhausted after {attempts} attempt(s): {last_error or 'no error recorded'}")
         self.step = step
         self.attempts = attempts
 

@@ -162,8 +162,7 @@ class JobStep(models.Model):
     """
 
     # No index of its own: the unique (run, step) constraint leads with run.
-    run = models.ForeignKey(JobRun, on_delete=models.CASCADE, related_name="steps", db_index=False,
-                            db_constraint=False)
+    run = models.ForeignKey(JobRun, on_delete=models.CASCADE, related_name="steps", db_index=False, db_constraint=False)
     step = models.CharField(max_length=255)
     result = models.TextField(null=True, blank=True)
     attempts = models.IntegerField(default=0)

@@ -349,10 +349,21 @@ class Pass:
         expiry = claim.expiry(now)
         try:
             # Written only if this claim is still the latest; the lease renewed with it.
-            held, renewed = store().record_step(StepWrite(
-                claim.run_id, claim.fence, name, result, attempts, error, now, expires=expiry, exists=exists,
-                lease_left=claim.expires_at - now, ttl=claim.ttl,
-            ))
+            held, renewed = store().record_step(
+                StepWrite(
+                    claim.run_id,
+                    claim.fence,
+                    name,
+                    result,
+                    attempts,
+                    error,
+                    now,
+                    expires=expiry,
+                    exists=exists,
+                    lease_left=claim.expires_at - now,
+                    ttl=claim.ttl,
+                )
+            )
             if not held:
                 raise LeaseLost(f"run {claim.run_id}: the lease was taken over while step {name!r} ran")
         except LeaseLost:
@@ -469,9 +480,7 @@ def run_pass(
     return outcome
 
 
-def _run_pass(
-    run: JobRun, job: Job, claim: Claim, release: bool, ledger: dict[str, _LedgerRow] | None
-) -> PassOutcome:
+def _run_pass(run: JobRun, job: Job, claim: Claim, release: bool, ledger: dict[str, _LedgerRow] | None) -> PassOutcome:
     p: Pass | None = None
     if ledger is None:
         ledger = load_ledger(run.id)  # bookkeeping: a failure here is the drive's, not the job's
@@ -520,8 +529,9 @@ def _run_pass(
         logger.warning("run %s (%s.%s): %s", run.id, run.module, run.job, warning)
     now = claim.now()
     keep_until = None if done or release else claim.expiry(now)
-    fields = transitions.advanced(cursor, json.dumps(p._counters, separators=(",", ":")), now, done=done,
-                                  lease_until=keep_until, warning=warning)
+    fields = transitions.advanced(
+        cursor, json.dumps(p._counters, separators=(",", ":")), now, done=done, lease_until=keep_until, warning=warning
+    )
     if keep_until is not None:
         claim.expires_at = keep_until
     if not store().commit_pass(run.id, claim.fence, fields, drop_ledger=bool(ledger)):
@@ -530,8 +540,9 @@ def _run_pass(
         identity = {"run_id": run.id, "module": run.module, "job": run.job, "instance": run.instance}
         decoded_cursor = json.loads(cursor) if cursor is not None else None
         counters = dict(p._counters)
-        signals.send_after_commit(signals.pass_committed, **identity, cursor=decoded_cursor, counters=counters,
-                                  done=done)
+        signals.send_after_commit(
+            signals.pass_committed, **identity, cursor=decoded_cursor, counters=counters, done=done
+        )
         if done:
             signals.send_after_commit(signals.run_completed, **identity, cursor=decoded_cursor, counters=counters)
     return PassOutcome(Outcome.COMPLETED if done else Outcome.ADVANCED, warning=warning)
@@ -558,12 +569,22 @@ def _fail(run: JobRun, job: Job, claim: Claim, p: Pass | None, exc: BaseExceptio
         summary = _summary(exc)
     summary = storable(summary, 2_000)
     now = claim.now()
-    fields = transitions.attempt_failed(attempts, _with_traceback(summary, exc), now,
-                                        next_attempt_at=None if exhausted else policy.next_attempt_at(against, now))
+    fields = transitions.attempt_failed(
+        attempts,
+        _with_traceback(summary, exc),
+        now,
+        next_attempt_at=None if exhausted else policy.next_attempt_at(against, now),
+    )
     if not retry_deadlocks(lambda: claim.write(**fields), f"run {run.id}: failed pass"):
         return PassOutcome(Outcome.LOST)
-    logger.warning("run %s (%s.%s) pass failed%s: %s", run.id, run.module, run.job,
-                   " and the run is failed" if exhausted else ", will retry", summary)
+    logger.warning(
+        "run %s (%s.%s) pass failed%s: %s",
+        run.id,
+        run.module,
+        run.job,
+        " and the run is failed" if exhausted else ", will retry",
+        summary,
+    )
     if exhausted:
         _send_run_failed(run, summary)
     return PassOutcome(Outcome.FAILED if exhausted else Outcome.RETRYING, error=summary)
@@ -574,8 +595,15 @@ def _send_run_failed(run: JobRun, summary: str) -> None:
         counters = decode_counters(run.counters)
     except UndecodableRun:
         counters = {}
-    signals.send_after_commit(signals.run_failed, run_id=run.id, module=run.module, job=run.job,
-                              instance=run.instance, error=summary, counters=counters)
+    signals.send_after_commit(
+        signals.run_failed,
+        run_id=run.id,
+        module=run.module,
+        job=run.job,
+        instance=run.instance,
+        error=summary,
+        counters=counters,
+    )
 
 
 def fail_abandoned(run: JobRun, claim: Claim, held_by: str) -> PassOutcome:

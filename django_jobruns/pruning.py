@@ -47,8 +47,9 @@ def prune_job_runs(
     wanted = list(statuses)
     refused = [s for s in wanted if s not in FINISHED]
     if refused or not wanted:
-        raise ValueError(f"only finished runs can be pruned ({', '.join(FINISHED)}); got "
-                         f"{', '.join(map(str, refused)) or 'nothing'}")
+        raise ValueError(
+            f"only finished runs can be pruned ({', '.join(FINISHED)}); got {', '.join(map(str, refused)) or 'nothing'}"
+        )
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= 100_000:
         raise ValueError(f"batch_size must be a whole number from 1 to 100000, got {batch_size!r}")
     try:
@@ -94,8 +95,9 @@ def prune_job_runs(
         with transaction.atomic(using=using), wrapper.cursor() as cur:
             cur.execute(f"UPDATE {run} SET {link} = NULL WHERE {link} IN ({marks})", ids)
             cur.execute(f"DELETE FROM {step} WHERE {run_id} IN ({marks})", ids)
-            cur.execute(f"DELETE FROM {run} WHERE {q('id')} IN ({marks}) AND {q('status')} IN ({statuses_in})",
-                        [*ids, *wanted])
+            cur.execute(
+                f"DELETE FROM {run} WHERE {q('id')} IN ({marks}) AND {q('status')} IN ({statuses_in})", [*ids, *wanted]
+            )
             deleted += cur.rowcount
         if progress is not None:
             progress(deleted)

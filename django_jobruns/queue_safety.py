@@ -65,8 +65,11 @@ def check_queue_safe(value: Any, root: str) -> None:
             return
         if kind is int:
             if not INT_MIN <= item <= INT_MAX:
-                refuse(path, f"an integer of {item.bit_length()} bits, outside the signed 64-bit range "
-                             "JSON readers carry exactly")
+                refuse(
+                    path,
+                    f"an integer of {item.bit_length()} bits, outside the signed 64-bit range "
+                    "JSON readers carry exactly",
+                )
             return
         if kind is float:
             if not math.isfinite(item):
@@ -85,8 +88,9 @@ def check_queue_safe(value: Any, root: str) -> None:
         else:
             for key, element in item.items():
                 if type(key) is not str:
-                    refuse(f"{path}.{key!r:.100}",
-                           f"under a key of type {type(key).__name__}; JSON object keys are text")
+                    refuse(
+                        f"{path}.{key!r:.100}", f"under a key of type {type(key).__name__}; JSON object keys are text"
+                    )
                 walk(element, f"{path}.{key}", depth + 1)
         on_path.discard(id(item))
 

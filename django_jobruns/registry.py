@@ -31,7 +31,12 @@ class Job:
     """
 
     def __init__(
-        self, handler: Handler, *, module: str, name: str, retry: RetryPolicy | None,
+        self,
+        handler: Handler,
+        *,
+        module: str,
+        name: str,
+        retry: RetryPolicy | None,
         lease: timedelta | None = None,
     ) -> None:
         self.handler = handler

@@ -52,8 +52,10 @@ class RetryPolicy:
             raise ValueError(f"RetryPolicy.max_attempts must be an integer >= 1, got {self.max_attempts!r}")
         object.__setattr__(self, "base_delay", _as_timedelta(self.base_delay, "base_delay"))
         object.__setattr__(self, "max_delay", _as_timedelta(self.max_delay, "max_delay"))
-        if not isinstance(self.factor, (int, float)) or isinstance(self.factor, bool) or not (
-            math.isfinite(self.factor) and self.factor >= 1
+        if (
+            not isinstance(self.factor, (int, float))
+            or isinstance(self.factor, bool)
+            or not (math.isfinite(self.factor) and self.factor >= 1)
         ):
             raise ValueError(f"RetryPolicy.factor must be a finite number >= 1, got {self.factor!r}")
         if not isinstance(self.jitter, (int, float)) or isinstance(self.jitter, bool) or not (0 <= self.jitter <= 1):

@@ -56,8 +56,13 @@ def send_after_commit(signal: Signal, **kwargs: Any) -> None:
     def send() -> None:
         for receiver, result in signal.send_robust(sender=JobRun, **kwargs):
             if isinstance(result, Exception):
-                logger.error("run %s: a receiver of a django_jobruns signal failed: %r (%s)",
-                             kwargs.get("run_id"), result, receiver, exc_info=result)
+                logger.error(
+                    "run %s: a receiver of a django_jobruns signal failed: %r (%s)",
+                    kwargs.get("run_id"),
+                    result,
+                    receiver,
+                    exc_info=result,
+                )
 
     wrapper = db.connection()
     if wrapper.in_atomic_block:

@@ -76,8 +76,9 @@ def start_job_run(job: Job | str, *, instance: str = "default", payload: Any = N
 
     def build() -> JobRun:
         now = timezone.now()
-        return JobRun(module=entry.module, job=entry.name, instance=instance, payload=text,
-                      started_at=now, updated_at=now)
+        return JobRun(
+            module=entry.module, job=entry.name, instance=instance, payload=text, started_at=now, updated_at=now
+        )
 
     run, created = _start_or_join(build)
     if created:
@@ -85,7 +86,11 @@ def start_job_run(job: Job | str, *, instance: str = "default", payload: Any = N
     elif run.payload != text:
         logger.warning(
             "start of %s.%s [%s] joined live run %s, whose payload differs from the one given; the live run "
-            "keeps its own (cancel it first to start with the new one)", entry.module, entry.name, instance, run.id,
+            "keeps its own (cancel it first to start with the new one)",
+            entry.module,
+            entry.name,
+            instance,
+            run.id,
         )
     return run, created
 
@@ -105,9 +110,7 @@ def restart_job_run(run: JobRun | str, *, resume: bool = False) -> tuple[JobRun,
     if current is None:
         raise NotRestartable(f"no run has the id {run_id!r}")
     if current.status != Status.FAILED:
-        raise NotRestartable(
-            f"run {current.id} is {current.status}; only a failed run can be restarted as a new run"
-        )
+        raise NotRestartable(f"run {current.id} is {current.status}; only a failed run can be restarted as a new run")
     restarts = JobRun.objects.using(db.alias()).filter(restarted_from=current)
     successor = restarts.order_by("id").values_list("id", flat=True).first()
     if successor is not None:
@@ -121,9 +124,15 @@ def restart_job_run(run: JobRun | str, *, resume: bool = False) -> tuple[JobRun,
     def build() -> JobRun:
         now = timezone.now()
         return JobRun(
-            module=current.module, job=current.job, instance=current.instance, payload=current.payload,
-            cursor=current.cursor if resume else None, counters=current.counters if resume else "{}",
-            restarted_from=current, started_at=now, updated_at=now,
+            module=current.module,
+            job=current.job,
+            instance=current.instance,
+            payload=current.payload,
+            cursor=current.cursor if resume else None,
+            counters=current.counters if resume else "{}",
+            restarted_from=current,
+            started_at=now,
+            updated_at=now,
         )
 
     run, created = _start_or_join(build)

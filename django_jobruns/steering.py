@@ -64,8 +64,14 @@ def cancel_job_run(run: JobRun | str, *, reason: str = "") -> JobRun:
     now = timezone.now()
     note = f"cancelled: {reason}" if reason else "cancelled"
     current = _steer(run, "cancelled", **transitions.cancelled(note[:10_000], now))
-    signals.send_after_commit(signals.run_cancelled, run_id=current.id, module=current.module, job=current.job,
-                              instance=current.instance, reason=reason)
+    signals.send_after_commit(
+        signals.run_cancelled,
+        run_id=current.id,
+        module=current.module,
+        job=current.job,
+        instance=current.instance,
+        reason=reason,
+    )
     return current
 
 
@@ -74,7 +80,8 @@ def pause_job_run(run: JobRun | str) -> JobRun:
     now = timezone.now()
     run_id = _run_id(run)
     JobRun.objects.using(db.alias()).filter(pk=run_id, status=Status.RUNNING, paused_at__isnull=True).update(
-        **transitions.paused(now))
+        **transitions.paused(now)
+    )
     return _live(run_id, "paused")
 
 
@@ -83,7 +90,8 @@ def unpause_job_run(run: JobRun | str) -> JobRun:
     now = timezone.now()
     run_id = _run_id(run)
     JobRun.objects.using(db.alias()).filter(pk=run_id, status=Status.RUNNING, paused_at__isnull=False).update(
-        **transitions.unpaused(now))
+        **transitions.unpaused(now)
+    )
     current = _live(run_id, "unpaused")
     signals.notify_due()
     return current

@@ -45,8 +45,18 @@ from .models import JobRun, JobStep, Status
 
 #: The run's fields a claim returns (as the pass needs them).
 RUN_FIELDS = (
-    "id", "module", "job", "instance", "payload", "status", "cursor", "counters", "attempts", "lease_fence",
-    "next_attempt_at", "paused_at",
+    "id",
+    "module",
+    "job",
+    "instance",
+    "payload",
+    "status",
+    "cursor",
+    "counters",
+    "attempts",
+    "lease_fence",
+    "next_attempt_at",
+    "paused_at",
 )
 
 #: The step ledger of a pass: (step, result, attempts, last_error) per recorded step.
@@ -326,11 +336,15 @@ class Store:
                     held = cur.fetchone() is not None
                 if held:
                     if write.exists:
-                        cur.execute(st.update_step, [write.result, write.attempts, write.error, adapt(write.at),
-                                                     write.run_id, write.step])
+                        cur.execute(
+                            st.update_step,
+                            [write.result, write.attempts, write.error, adapt(write.at), write.run_id, write.step],
+                        )
                     else:
-                        cur.execute(st.insert_step, [write.run_id, write.step, write.result, write.attempts,
-                                                     write.error, adapt(write.at)])
+                        cur.execute(
+                            st.insert_step,
+                            [write.run_id, write.step, write.result, write.attempts, write.error, adapt(write.at)],
+                        )
                 return held, renew
 
         return retry_deadlocks(record, f"run {write.run_id}: record of step {write.step!r}")
@@ -397,8 +411,9 @@ class PostgresStore(Store):
         if takeover is not None:
             return super().claim(run_id, fence, holder, now, expires, takeover=takeover)
         with self.connection.cursor() as cur:
-            cur.execute(self.statements.claim_with_ledger,
-                        self._claim_params(run_id, fence, holder, now, expires, None))
+            cur.execute(
+                self.statements.claim_with_ledger, self._claim_params(run_id, fence, holder, now, expires, None)
+            )
             row = cur.fetchone()
         if row is None:
             return None
@@ -412,11 +427,15 @@ class PostgresStore(Store):
         head = [adapt(write.expires), write.run_id, write.fence]
         with self._savepoint_if_nested(wrapper), wrapper.cursor() as cur:
             if write.exists:
-                cur.execute(st.update_step_fenced,
-                            [*head, write.result, write.attempts, write.error, adapt(write.at), write.step])
+                cur.execute(
+                    st.update_step_fenced,
+                    [*head, write.result, write.attempts, write.error, adapt(write.at), write.step],
+                )
             else:
-                cur.execute(st.insert_step_fenced,
-                            [*head, write.step, write.result, write.attempts, write.error, adapt(write.at)])
+                cur.execute(
+                    st.insert_step_fenced,
+                    [*head, write.step, write.result, write.attempts, write.error, adapt(write.at)],
+                )
             return cur.fetchone() is not None, True
 
     def commit_pass(self, run_id: str, fence: int, fields: dict[str, Any], *, drop_ledger: bool) -> bool:

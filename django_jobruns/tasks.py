@@ -30,7 +30,9 @@ except ImportError:  # Django 5.2: the backport
 
 @task()
 def drive_due_jobs(
-    limit: int | None = None, max_passes: int = 1, jobs: list[str] | None = None,
+    limit: int | None = None,
+    max_passes: int = 1,
+    jobs: list[str] | None = None,
     lease_ttl_seconds: float | None = None,
 ) -> dict[str, Any]:
     """Run one drive pass (``run_due_jobs``) and return its report (defaults: the ``JOBRUNS`` settings)."""

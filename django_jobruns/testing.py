@@ -29,7 +29,10 @@ __all__ = ["assert_resumable", "drive_to_completion"]
 
 
 def drive_to_completion(
-    run: JobRun | str, *, max_passes: int = 1000, now: Callable[[], datetime] | None = None,
+    run: JobRun | str,
+    *,
+    max_passes: int = 1000,
+    now: Callable[[], datetime] | None = None,
     allow_failure: bool = False,
 ) -> JobRun:
     """Drive ``run`` pass after pass until it finishes; return it fresh from the database.
@@ -97,8 +100,9 @@ class _Observer(PassObserver):
     def pass_started(self, run: JobRun) -> None:
         self.runs.setdefault(run.id, _RunState()).position = 0
 
-    def step(self, p: passes.Pass, name: str, body: Callable[[], Any],
-             perform: Callable[[Callable[[], Any]], Any]) -> Any:
+    def step(
+        self, p: passes.Pass, name: str, body: Callable[[], Any], perform: Callable[[Callable[[], Any]], Any]
+    ) -> Any:
         state = self.runs.setdefault(p.run.id, _RunState())
         position = state.position
         state.position += 1

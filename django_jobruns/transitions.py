@@ -45,7 +45,12 @@ from .models import Status
 
 
 def advanced(
-    cursor: str | None, counters: str, now: datetime, *, done: bool, lease_until: datetime | None,
+    cursor: str | None,
+    counters: str,
+    now: datetime,
+    *,
+    done: bool,
+    lease_until: datetime | None,
     warning: str | None = None,
 ) -> dict[str, Any]:
     """A pass committed: the run moves to ``cursor``, its attempts reset; ``done`` ends it.
@@ -91,8 +96,14 @@ def attempt_failed(attempts: int, error: str, now: datetime, *, next_attempt_at:
 def abandoned(error: str, now: datetime) -> dict[str, Any]:
     """Its silent passes spent the run's policy: it fails without its handler being called again."""
     return {
-        "status": Status.FAILED, "ended_at": now, "next_attempt_at": None, "live": None, "last_error": error,
-        "updated_at": now, "lease_holder": None, "lease_expires_at": None,
+        "status": Status.FAILED,
+        "ended_at": now,
+        "next_attempt_at": None,
+        "live": None,
+        "last_error": error,
+        "updated_at": now,
+        "lease_holder": None,
+        "lease_expires_at": None,
     }
 
 
@@ -104,9 +115,16 @@ def released() -> dict[str, Any]:
 def cancelled(note: str, now: datetime) -> dict[str, Any]:
     """An operator ended the run: terminal, key freed, fence bumped so a pass in flight is refused."""
     return {
-        "status": Status.CANCELLED, "live": None, "ended_at": now, "updated_at": now, "paused_at": None,
-        "next_attempt_at": None, "lease_holder": None, "lease_expires_at": None,
-        "lease_fence": F("lease_fence") + 1, "last_error": note,
+        "status": Status.CANCELLED,
+        "live": None,
+        "ended_at": now,
+        "updated_at": now,
+        "paused_at": None,
+        "next_attempt_at": None,
+        "lease_holder": None,
+        "lease_expires_at": None,
+        "lease_fence": F("lease_fence") + 1,
+        "last_error": note,
     }
 
 

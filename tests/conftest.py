@@ -67,8 +67,14 @@ def worker_env() -> dict[str, str]:
 
 def spawn_env() -> dict[str, str]:
     """What a spawned process (multiprocessing) needs to reach this test database."""
-    keep = ("DJANGO_SETTINGS_MODULE", "JOBRUNS_TEST_DB_NAME", "DATABASE_URL", "PYTHONPATH", "JOBRUNS_VAR_DIR",
-            "JOBRUNS_SQLITE_DEFAULTS")
+    keep = (
+        "DJANGO_SETTINGS_MODULE",
+        "JOBRUNS_TEST_DB_NAME",
+        "DATABASE_URL",
+        "PYTHONPATH",
+        "JOBRUNS_VAR_DIR",
+        "JOBRUNS_SQLITE_DEFAULTS",
+    )
     return {k: v for k, v in worker_env().items() if k in keep}
 
 
@@ -76,6 +82,9 @@ def manage(*args: str, extra_env: dict[str, str] | None = None) -> subprocess.Po
     """Start ``manage.py`` in a new process against the test database."""
     return subprocess.Popen(
         [sys.executable, str(ROOT / "manage.py"), *args],
-        env={**worker_env(), **(extra_env or {})}, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**worker_env(), **(extra_env or {})},
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
     )

@@ -49,6 +49,7 @@ def start_and_drive(env: dict[str, str], barrier: Any, queue: Any, log: str, rou
             unrecorded.extend(message for _, message in report.unrecorded)
         except Exception as exc:
             problems.append(f"drive: {type(exc).__name__}: {exc}")
-    queue.put({"starts": starts, "joins": joins, "completed": committed, "problems": problems,
-               "unrecorded": unrecorded})
+    queue.put(
+        {"starts": starts, "joins": joins, "completed": committed, "problems": problems, "unrecorded": unrecorded}
+    )
     connections.close_all()

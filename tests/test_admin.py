@@ -67,8 +67,20 @@ def test_a1_changelist_query_count_does_not_grow_with_rows(admin_client):
     small, _ = changelist_queries(admin_client)
     now = timezone.now()
     JobRun.objects.bulk_create(
-        [JobRun(module="tests", job="walk", instance=f"b{i}", status=Status.DONE, live=None, counters='{"n": 1}',
-                started_at=now, updated_at=now, ended_at=now) for i in range(190)]
+        [
+            JobRun(
+                module="tests",
+                job="walk",
+                instance=f"b{i}",
+                status=Status.DONE,
+                live=None,
+                counters='{"n": 1}',
+                started_at=now,
+                updated_at=now,
+                ended_at=now,
+            )
+            for i in range(190)
+        ]
     )
     large, response = changelist_queries(admin_client)
     assert small == large, f"{small} queries at 10 runs, {large} at 200"
@@ -108,10 +120,12 @@ def test_a1_filters_and_search(admin_client):
 
 def test_a2_change_view_pretty_prints_and_escapes(admin_client):
     run = failed_run("esc", cursor='{"after": "<script>alert(1)</script>"}')
-    JobStep.objects.create(run=run, step="fetch:<b>7500</b>", result='{"items": [1, 2]}', attempts=1,
-                           recorded_at=timezone.now())
-    JobStep.objects.create(run=run, step="save", result=None, attempts=2, last_error="<i>boom</i>",
-                           recorded_at=timezone.now())
+    JobStep.objects.create(
+        run=run, step="fetch:<b>7500</b>", result='{"items": [1, 2]}', attempts=1, recorded_at=timezone.now()
+    )
+    JobStep.objects.create(
+        run=run, step="save", result=None, attempts=2, last_error="<i>boom</i>", recorded_at=timezone.now()
+    )
     html = admin_client.get(change_url(run)).content.decode()
     assert "<script>alert(1)</script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "&quot;after&quot;: &quot;&lt;script&gt;" in html  # indented JSON, escaped
@@ -222,9 +236,14 @@ def test_a3_restart_is_csrf_protected(admin_user):
 def test_a3_bulk_actions_restart_failed_runs_and_skip_the_others(admin_client):
     failed = [failed_run(f"bulk{i}") for i in range(3)]
     running = make_run("bulk-live")
-    response = admin_client.post(reverse(CHANGELIST), {
-        "action": "resume_selected", "_selected_action": [r.pk for r in failed] + [running.pk],
-    }, follow=True)
+    response = admin_client.post(
+        reverse(CHANGELIST),
+        {
+            "action": "resume_selected",
+            "_selected_action": [r.pk for r in failed] + [running.pk],
+        },
+        follow=True,
+    )
     assert response.status_code == 200
     new = JobRun.objects.filter(restarted_from__in=failed)
     assert new.count() == 3 and all(n.cursor == '{"after": 7500}' for n in new)
@@ -248,8 +267,21 @@ def test_a1_large_unfiltered_changelist_pages_by_estimate_not_count(admin_client
 
     monkeypatch.setattr(EstimatedCountPaginator, "ESTIMATE_ABOVE", 20)
     now = timezone.now()
-    JobRun.objects.bulk_create([JobRun(module="tests", job="walk", instance=f"e{i}", status=Status.DONE, live=None,
-                                       started_at=now, updated_at=now, ended_at=now) for i in range(120)])
+    JobRun.objects.bulk_create(
+        [
+            JobRun(
+                module="tests",
+                job="walk",
+                instance=f"e{i}",
+                status=Status.DONE,
+                live=None,
+                started_at=now,
+                updated_at=now,
+                ended_at=now,
+            )
+            for i in range(120)
+        ]
+    )
     with connection.cursor() as cur:
         cur.execute("ANALYZE django_jobruns_jobrun")
     with CaptureQueriesContext(connection) as ctx:
@@ -294,11 +326,17 @@ def test_steering_buttons_appear_where_they_apply(admin_client):
     assert 'id="jobruns-cancel"' not in page and 'id="jobruns-pause"' not in page
 
 
-@pytest.mark.parametrize("verb, check", [
-    ("cancel", lambda run: run.status == Status.CANCELLED and run.live is None and "in the admin" in run.last_error),
-    ("pause", lambda run: run.paused_at is not None),
-    ("retry_now", lambda run: run.next_attempt_at is None),
-])
+@pytest.mark.parametrize(
+    "verb, check",
+    [
+        (
+            "cancel",
+            lambda run: run.status == Status.CANCELLED and run.live is None and "in the admin" in run.last_error,
+        ),
+        ("pause", lambda run: run.paused_at is not None),
+        ("retry_now", lambda run: run.next_attempt_at is None),
+    ],
+)
 def test_a_steering_button_acts_logs_and_says_so(admin_client, verb, check):
     run = make_run(f"steer-{verb}", next_attempt_at=timezone.now() + timezone.timedelta(minutes=5))
     response = admin_client.post(steer_url(run), {"verb": verb}, follow=True)
@@ -326,9 +364,14 @@ def test_steering_is_post_only_permission_checked_and_refuses_finished_runs(clie
 def test_bulk_steering_acts_on_the_runs_it_applies_to_and_skips_the_others(admin_client):
     live = [make_run(f"bulk-{n}") for n in range(2)]
     done = make_run("bulk-done", status=Status.DONE)
-    response = admin_client.post(reverse(CHANGELIST), {
-        "action": "pause_selected", "_selected_action": [r.pk for r in [*live, done]],
-    }, follow=True)
+    response = admin_client.post(
+        reverse(CHANGELIST),
+        {
+            "action": "pause_selected",
+            "_selected_action": [r.pk for r in [*live, done]],
+        },
+        follow=True,
+    )
     assert all(JobRun.objects.get(pk=r.pk).paused_at is not None for r in live)
     assert any("Skipped 1 run(s)" in str(m) and done.pk in str(m) for m in response.context["messages"])
     admin_client.post(reverse(CHANGELIST), {"action": "cancel_selected", "_selected_action": [r.pk for r in live]})
@@ -348,9 +391,14 @@ def test_a_lapsed_lease_is_shown_as_such(admin_client):
     assert held.pk in leased_only and run.pk not in leased_only
 
 
-@pytest.mark.parametrize("state, matches", [
-    ("backoff", "backoff"), ("paused", "paused"), ("unregistered", "orphan"),
-])
+@pytest.mark.parametrize(
+    "state, matches",
+    [
+        ("backoff", "backoff"),
+        ("paused", "paused"),
+        ("unregistered", "orphan"),
+    ],
+)
 def test_the_state_filter_finds_what_an_operator_looks_for(admin_client, state, matches):
     now = timezone.now()
     runs = {

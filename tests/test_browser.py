@@ -33,9 +33,18 @@ def browser():
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--window-size=1400,1000"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1400,1000",
+    ):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     driver.implicitly_wait(10)
@@ -52,8 +61,9 @@ def screenshots(tmp_path):
 
 def _seed():
     now = timezone.now()
-    for n, (instance, status) in enumerate([("supplier-1", Status.DONE), ("supplier-2", Status.DONE),
-                                            ("supplier-3", Status.RUNNING)]):
+    for n, (instance, status) in enumerate(
+        [("supplier-1", Status.DONE), ("supplier-2", Status.DONE), ("supplier-3", Status.RUNNING)]
+    ):
         run, _ = start_job_run("demo.import_catalog", instance=instance, payload={"supplier": n + 1})
         imported = 10000 if status == Status.DONE else 4500
         fields = {"counters": f'{{"imported": {imported}, "total": 10000}}', "cursor": str(imported)}
@@ -62,12 +72,22 @@ def _seed():
         JobRun.objects.filter(pk=run.pk).update(**fields)
     failed, _ = start_job_run("demo.import_catalog", instance="supplier-4", payload={"supplier": 4})
     JobRun.objects.filter(pk=failed.pk).update(
-        status=Status.FAILED, live=None, ended_at=now, attempts=5, cursor="7500",
+        status=Status.FAILED,
+        live=None,
+        ended_at=now,
+        attempts=5,
+        cursor="7500",
         counters='{"imported": 7500, "total": 10000}',
         last_error="step 'fetch:7500' failed (attempt 5 of 5): UpstreamUnavailable: supplier 4: connection reset",
     )
-    JobStep.objects.create(run=failed, step="fetch:7500", result=None, attempts=5,
-                           last_error="UpstreamUnavailable: supplier 4: connection reset", recorded_at=now)
+    JobStep.objects.create(
+        run=failed,
+        step="fetch:7500",
+        result=None,
+        attempts=5,
+        last_error="UpstreamUnavailable: supplier 4: connection reset",
+        recorded_at=now,
+    )
     return failed
 
 
@@ -160,7 +180,8 @@ def test_changelist_is_readable_at_1280_px(browser, live_server, screenshots):
     # lease with a long holder, a run waiting out a backoff.
     run, _ = start_job_run("demo.import_catalog", instance="supplier-" + "x" * 60, payload={})
     JobRun.objects.filter(pk=run.pk).update(
-        attempts=3, next_attempt_at=now + timezone.timedelta(minutes=4),
+        attempts=3,
+        next_attempt_at=now + timezone.timedelta(minutes=4),
         lease_holder="worker-host-with-a-long-name.internal.example.com:123456",
         lease_expires_at=now - timezone.timedelta(minutes=2),
         last_error="UpstreamUnavailable:" + "connection-reset-by-peer/" * 12,

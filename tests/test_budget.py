@@ -39,8 +39,9 @@ class StopWhen:
 
 
 def test_with_a_budget_every_pass_of_every_run_is_driven_in_one_call():
-    jobs.BEHAVIOUR.update({f"b{i}": (lambda p: {"cursor": (p.cursor or 0) + 1, "done": p.cursor == 4})
-                           for i in range(3)})
+    jobs.BEHAVIOUR.update(
+        {f"b{i}": (lambda p: {"cursor": (p.cursor or 0) + 1, "done": p.cursor == 4}) for i in range(3)}
+    )
     for i in range(3):
         start_job_run("tests.scripted", instance=f"b{i}")
     with StopWhen(3) as stop:

@@ -37,11 +37,21 @@ def test_settings_checks_refuse_unknown_keys_and_wrong_kinds(settings):
     from django_jobruns import RetryPolicy
     from django_jobruns.checks import check_settings
 
-    settings.JOBRUNS = {"DEFAULT_RETRY": RetryPolicy(max_attempts=2), "LEASE_TTL": timedelta(minutes=1),
-                        "DRIVE_LIMIT": 10, "SCAN_MAX": 100, "PAYLOAD_MAX_BYTES": 4096}
+    settings.JOBRUNS = {
+        "DEFAULT_RETRY": RetryPolicy(max_attempts=2),
+        "LEASE_TTL": timedelta(minutes=1),
+        "DRIVE_LIMIT": 10,
+        "SCAN_MAX": 100,
+        "PAYLOAD_MAX_BYTES": 4096,
+    }
     assert check_settings() == []
-    settings.JOBRUNS = {"LEASE_TLL": 30, "DEFAULT_RETRY": {"max_attempts": 3}, "LEASE_TTL": 0,
-                        "DRIVE_LIMIT": "50", "SCAN_MAX": 0}
+    settings.JOBRUNS = {
+        "LEASE_TLL": 30,
+        "DEFAULT_RETRY": {"max_attempts": 3},
+        "LEASE_TTL": 0,
+        "DRIVE_LIMIT": "50",
+        "SCAN_MAX": 0,
+    }
     found = {(m.id, m.msg.split(" must")[0].split(" has")[0]) for m in check_settings()}
     assert found == {
         ("jobruns.E001", "JOBRUNS"),

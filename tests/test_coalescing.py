@@ -73,8 +73,9 @@ def test_c1_the_database_refuses_a_second_live_run_for_a_key():
     # Finished runs do not occupy the key.
     JobRun.objects.filter(pk=run.pk).update(status=Status.DONE, live=None)
     JobRun.objects.create(module=run.module, job=run.job, instance="db", started_at=now, updated_at=now)
-    JobRun.objects.create(module=run.module, job=run.job, instance="db", status=Status.DONE, live=None,
-                          started_at=now, updated_at=now)
+    JobRun.objects.create(
+        module=run.module, job=run.job, instance="db", status=Status.DONE, live=None, started_at=now, updated_at=now
+    )
 
 
 @pytest.mark.django_db

@@ -44,8 +44,9 @@ def test_command_json_report_and_options(behaviour, effects):
     behaviour["j"] = lambda p: (_ for _ in ()).throw(RuntimeError("bad upstream"))
     failing, _ = start_job_run("tests.scripted", instance="j")
     walking, _ = start_job_run("tests.walk", instance="w", payload={"log": str(effects), "passes": 3})
-    out, _ = run_command("--json", "--limit", "5", "--max-passes", "2", "--holder", "cron-1", "--lease-ttl", "30",
-                         "--concurrency", "1")
+    out, _ = run_command(
+        "--json", "--limit", "5", "--max-passes", "2", "--holder", "cron-1", "--lease-ttl", "30", "--concurrency", "1"
+    )
     report = json.loads(out)
     assert report["attempted"] == 2 and report["advanced"] == 2 and report["retrying"] == 1
     assert report["errors"] == [[failing.id, "RuntimeError: bad upstream"]]
@@ -86,22 +87,41 @@ def test_command_refuses_options_that_cannot_mean_what_they_say(args, message):
     ],
 )
 def test_command_line_refuses_bad_numbers_with_a_clear_message(args, message):
-    proc = subprocess.run([sys.executable, str(ROOT / "manage.py"), "run_due_jobs", *args], cwd=ROOT,
-                          env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"},
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "run_due_jobs", *args],
+        cwd=ROOT,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode != 0
     assert message in proc.stderr and "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("command", [
-    ["run_due_jobs"], ["start_job_run", "tests.walk"], ["prune_job_runs", "--older-than", "3"],
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["run_due_jobs"],
+        ["start_job_run", "tests.walk"],
+        ["prune_job_runs", "--older-than", "3"],
+    ],
+)
 def test_command_exits_non_zero_with_one_line_when_the_database_is_unreachable(tmp_path, command):
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings",
-           "DATABASE_URL": "postgres://nobody@127.0.0.1:9/nowhere"}
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "DATABASE_URL": "postgres://nobody@127.0.0.1:9/nowhere",
+    }
     env.pop("JOBRUNS_TEST_DB_NAME", None)
-    proc = subprocess.run([sys.executable, str(ROOT / "manage.py"), *command], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), *command],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
@@ -218,16 +238,21 @@ def test_prune_deletes_only_old_finished_runs_in_batches():
     JobRun.objects.filter(pk=restarted.pk).update(restarted_from=old_failed)
 
     assert call("prune_job_runs", "--older-than", "30", "--dry-run") == (
-        "would delete 6 finished run(s) older than 30 day(s)")
+        "would delete 6 finished run(s) older than 30 day(s)"
+    )
     assert JobRun.objects.count() == 9
     assert call("prune_job_runs", "--older-than", "30", "--status", "failed") == (
-        "deleted 1 finished run(s) older than 30 day(s)")
+        "deleted 1 finished run(s) older than 30 day(s)"
+    )
     with CaptureQueriesContext(connection) as ctx:
         out = call("prune_job_runs", "--older-than", "30", "--batch-size", "2")
     assert out == "deleted 5 finished run(s) older than 30 day(s)"
-    deletes = [q for q in ctx.captured_queries
-               if (q["sql"].startswith("DELETE FROM") and "django_jobruns_jobrun" in q["sql"].split("WHERE")[0])
-               or q["sql"].startswith("WITH batch")]  # PostgreSQL: one statement per batch
+    deletes = [
+        q
+        for q in ctx.captured_queries
+        if (q["sql"].startswith("DELETE FROM") and "django_jobruns_jobrun" in q["sql"].split("WHERE")[0])
+        or q["sql"].startswith("WITH batch")
+    ]  # PostgreSQL: one statement per batch
     done_batches = [q for q in deletes if "done" in q["sql"]]  # one prune per status: done's are these
     assert len(done_batches) == 3, "five runs deleted two at a time"
     assert not JobStep.objects.filter(run=old_failed).exists()
@@ -262,9 +287,14 @@ def test_prune_deletes_a_run_and_the_restart_of_it_in_one_batch():
     ],
 )
 def test_prune_refuses_bad_ages_and_live_statuses(args, message):
-    proc = subprocess.run([sys.executable, str(ROOT / "manage.py"), "prune_job_runs", *args], cwd=ROOT,
-                          env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"},
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "prune_job_runs", *args],
+        cwd=ROOT,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr
 
 
@@ -328,8 +358,16 @@ def test_start_job_run_says_when_the_live_run_keeps_a_different_payload():
     call("start_job_run", "tests.walk", "--instance", "p", "--payload", '{"log": "/dev/null", "v": 1}')
     err = StringIO()
     out = StringIO()
-    call_command("start_job_run", "tests.walk", "--instance", "p", "--payload", '{"log": "/dev/null", "v": 2}',
-                 stdout=out, stderr=err)
+    call_command(
+        "start_job_run",
+        "tests.walk",
+        "--instance",
+        "p",
+        "--payload",
+        '{"log": "/dev/null", "v": 2}',
+        stdout=out,
+        stderr=err,
+    )
     assert out.getvalue().startswith("joined live run") and "payload differs" in err.getvalue()
 
 

@@ -27,8 +27,9 @@ def test_starts_racing_completions_on_one_key_lose_nothing(effects):
     barrier = ctx.Barrier(PROCESSES)
     queue = ctx.Queue()
     env = spawn_env()
-    procs = [ctx.Process(target=start_and_drive, args=(env, barrier, queue, str(effects), ROUNDS))
-             for _ in range(PROCESSES)]
+    procs = [
+        ctx.Process(target=start_and_drive, args=(env, barrier, queue, str(effects), ROUNDS)) for _ in range(PROCESSES)
+    ]
     for p in procs:
         p.start()
     results = [queue.get(timeout=300) for _ in procs]

@@ -88,8 +88,19 @@ def _plan(now) -> str:
 def test_d9_due_read_uses_the_due_index_with_a_large_history():
     now = timezone.now()
     JobRun.objects.bulk_create(
-        [JobRun(module="tests", job="walk", instance=f"old{i}", status=Status.DONE, live=None,
-                started_at=now, updated_at=now, ended_at=now) for i in range(2000)]
+        [
+            JobRun(
+                module="tests",
+                job="walk",
+                instance=f"old{i}",
+                status=Status.DONE,
+                live=None,
+                started_at=now,
+                updated_at=now,
+                ended_at=now,
+            )
+            for i in range(2000)
+        ]
     )
     start_job_run("tests.walk", instance="live")
     if connection.vendor != "mysql":  # MySQL's ANALYZE TABLE commits the test's transaction

@@ -289,8 +289,11 @@ def test_d2_a_claim_lost_to_another_worker_is_made_up_from_the_spares(behaviour,
         if "lease_holder` = %s" in sql.replace('"', "`") and not lost:
             lost.append(params[3])  # the run this claim is for: another worker takes it first
             with connection.cursor() as cur:
-                cur.execute("UPDATE django_jobruns_jobrun SET lease_fence = lease_fence + 1, lease_holder = 'other' "
-                            "WHERE id = %s", [params[3]])
+                cur.execute(
+                    "UPDATE django_jobruns_jobrun SET lease_fence = lease_fence + 1, lease_holder = 'other' "
+                    "WHERE id = %s",
+                    [params[3]],
+                )
         return execute(sql, params, many, context)
 
     with connection.execute_wrapper(another_worker_claims_first):

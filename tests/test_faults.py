@@ -22,22 +22,32 @@ def blocking_run(tmp_path, effects, instance):
     entered, release = tmp_path / "entered.fifo", tmp_path / "release.fifo"
     os.mkfifo(entered)
     os.mkfifo(release)
-    run, _ = start_job_run("tests.blocking", instance=instance, payload={
-        "log": str(effects), "fifo": str(entered), "release": str(release), "marker": str(tmp_path / "marker"),
-    })
+    run, _ = start_job_run(
+        "tests.blocking",
+        instance=instance,
+        payload={
+            "log": str(effects),
+            "fifo": str(entered),
+            "release": str(release),
+            "marker": str(tmp_path / "marker"),
+        },
+    )
     return run, entered, release
 
 
-@pytest.mark.skipif("os.environ.get('DATABASE_URL', '').split(':')[0] not in ('postgres', 'postgresql')",
-                    reason="pg_terminate_backend is PostgreSQL's")
+@pytest.mark.skipif(
+    "os.environ.get('DATABASE_URL', '').split(':')[0] not in ('postgres', 'postgresql')",
+    reason="pg_terminate_backend is PostgreSQL's",
+)
 def test_connection_terminated_mid_pass_is_reported_and_the_run_is_intact(tmp_path, effects):
     run, entered, release = blocking_run(tmp_path, effects, "terminated")
     worker = manage("run_due_jobs", extra_env={"PGAPPNAME": "jobruns-victim"})
     with open(entered) as fifo:
         assert int(fifo.readline()) == worker.pid
     with connection.cursor() as cur:
-        cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
-                    ["jobruns-victim"])
+        cur.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s", ["jobruns-victim"]
+        )
         assert cur.fetchall() == [(True,)]
     with open(release, "w"):
         pass
@@ -82,6 +92,11 @@ def test_worker_paused_past_its_lease_is_fenced_out(tmp_path, effects):
     assert paused["lost"] == 1 and paused["completed"] == 0 and paused["advanced"] == 0
     after = JobRun.objects.get(pk=run.pk)
     assert (after.status, after.cursor, after.counters, after.updated_at, after.lease_fence) == (
-        finished.status, finished.cursor, finished.counters, finished.updated_at, finished.lease_fence)
+        finished.status,
+        finished.cursor,
+        finished.counters,
+        finished.updated_at,
+        finished.lease_fence,
+    )
     assert json.loads(after.counters) == {"passes": 1}
     assert not JobStep.objects.filter(run=run).exists()

@@ -67,8 +67,9 @@ def test_d2_an_expired_claim_counts_as_unheld():
     clock = Clock()
     jobs.BEHAVIOUR["exp"] = lambda p: {"cursor": 1}
     run, _ = start_job_run("tests.scripted", instance="exp")
-    JobRun.objects.filter(pk=run.pk).update(lease_holder="other", lease_expires_at=clock.now + timedelta(seconds=1),
-                                            lease_fence=3)
+    JobRun.objects.filter(pk=run.pk).update(
+        lease_holder="other", lease_expires_at=clock.now + timedelta(seconds=1), lease_fence=3
+    )
     assert run_due_jobs(now=clock).attempted == 0
     clock.advance(seconds=1)
     report = run_due_jobs(now=clock)
@@ -110,7 +111,11 @@ def test_d3_worker_stalled_past_its_lease_is_fenced_out_and_writes_nothing(effec
     assert reports["a"].lost == 1 and reports["a"].attempted == 1
     assert reports["a"].completed == reports["a"].advanced == 0
     assert (after.status, after.cursor, after.counters, after.lease_fence) == (
-        finished.status, finished.cursor, finished.counters, finished.lease_fence)
+        finished.status,
+        finished.cursor,
+        finished.counters,
+        finished.lease_fence,
+    )
     assert after.updated_at == finished.updated_at and after.lease_holder is None
     assert not JobStep.objects.filter(run=run).exists(), "A wrote no step row after losing the lease"
     # A never reached its "second" step: the fence refused its "first" record.
@@ -143,7 +148,8 @@ def test_p3_completed_step_is_not_rerun_after_sigkill(tmp_path, effects):
     fifo = tmp_path / "entered.fifo"
     os.mkfifo(fifo)
     run, _ = start_job_run(
-        "tests.blocking", instance="kill",
+        "tests.blocking",
+        instance="kill",
         payload={"log": str(effects), "fifo": str(fifo), "marker": str(tmp_path / "marker")},
     )
     worker = manage("run_due_jobs", "--lease-ttl", "300", "--holder", "doomed")

@@ -76,11 +76,14 @@ def test_a_corrupt_row_exhausts_its_retries_and_fails_with_the_reason(clock, eff
     assert record.decode_error.startswith("counters:") and record.counters == {}
 
 
-@pytest.mark.parametrize("column, text", [
-    ("payload", "[" * 100_000 + "]" * 100_000),
-    ("cursor", "[" * 900 + "]" * 900),
-    ("payload", '"' + "x" * 3_000_000 + '"'),
-])
+@pytest.mark.parametrize(
+    "column, text",
+    [
+        ("payload", "[" * 100_000 + "]" * 100_000),
+        ("cursor", "[" * 900 + "]" * 900),
+        ("payload", '"' + "x" * 3_000_000 + '"'),
+    ],
+)
 def test_any_stored_row_is_shown_however_deep_or_large(admin_client, column, text):
     run, _ = start_job_run("tests.walk", instance="huge")
     JobRun.objects.filter(pk=run.pk).update(**{column: text})

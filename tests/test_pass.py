@@ -182,8 +182,7 @@ def test_p4_step_at_its_recorded_limit_is_not_called_again(behaviour, clock):
 
     run = start(behaviour, "p4-spent", handler)
     # A stop between the step's last failed attempt and the run being marked failed.
-    JobStep.objects.create(run=run, step="spent", result=None, attempts=2, last_error="boom",
-                           recorded_at=clock.now)
+    JobStep.objects.create(run=run, step="spent", result=None, attempts=2, last_error="boom", recorded_at=clock.now)
     report = drive(clock)
     run.refresh_from_db()
     assert called == []
@@ -247,8 +246,13 @@ def test_p6_second_step_under_one_name_is_refused(behaviour, clock):
 
 @pytest.mark.parametrize(
     "column, text",
-    [("payload", "{not json"), ("cursor", "[1,"), ("counters", "nope"), ("counters", "[1, 2]"),
-     ("counters", '{"n": "three"}')],
+    [
+        ("payload", "{not json"),
+        ("cursor", "[1,"),
+        ("counters", "nope"),
+        ("counters", "[1, 2]"),
+        ("counters", '{"n": "three"}'),
+    ],
 )
 def test_p7_malformed_row_is_a_failed_pass_on_that_run_only(behaviour, clock, column, text):
     behaviour["bad"] = lambda p: {"cursor": 1}
@@ -303,8 +307,12 @@ def test_handler_result_missing_cursor_keeps_it_and_none_resets_it(behaviour, cl
 
 @pytest.mark.parametrize(
     "result, message",
-    [({"cusor": 3}, r"'cusor' \(did you mean 'cursor'\?\)"), ({"done": "yes"}, "'done' must be True or False"),
-     ([1], "returns None or a mapping"), ({"cursor": {1, 2}}, "cursor.*is a set")],
+    [
+        ({"cusor": 3}, r"'cusor' \(did you mean 'cursor'\?\)"),
+        ({"done": "yes"}, "'done' must be True or False"),
+        ([1], "returns None or a mapping"),
+        ({"cursor": {1, 2}}, "cursor.*is a set"),
+    ],
 )
 def test_bad_handler_result_fails_the_run_at_once_and_keeps_the_cursor(behaviour, clock, result, message):
     import re
@@ -334,7 +342,11 @@ def test_pass_sees_payload_run_and_read_only_counters(behaviour, clock):
     drive(clock)
     assert seen["payload"] == {"supplier": 7}
     assert (seen["run"].id, seen["run"].module, seen["run"].job, seen["run"].instance) == (
-        run.id, "tests", "scripted", "view")
+        run.id,
+        "tests",
+        "scripted",
+        "view",
+    )
     assert seen["counters"] == {"a": 2}
 
 

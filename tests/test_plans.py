@@ -38,10 +38,22 @@ def captured(fn):
 
 def seed():
     now = timezone.now()
-    JobRun.objects.bulk_create([
-        JobRun(module="tests", job="walk", instance=f"supplier-{i}", status=Status.DONE, live=None, started_at=now,
-               updated_at=now, ended_at=now, last_error=f"UpstreamUnavailable {i}") for i in range(50)
-    ])
+    JobRun.objects.bulk_create(
+        [
+            JobRun(
+                module="tests",
+                job="walk",
+                instance=f"supplier-{i}",
+                status=Status.DONE,
+                live=None,
+                started_at=now,
+                updated_at=now,
+                ended_at=now,
+                last_error=f"UpstreamUnavailable {i}",
+            )
+            for i in range(50)
+        ]
+    )
 
 
 def test_job_runs_by_instance_uses_the_instance_index():
@@ -79,10 +91,22 @@ def test_the_due_read_is_a_range_of_the_due_order_index():
     from django_jobruns.store import store
 
     now = timezone.now()
-    JobRun.objects.bulk_create([
-        JobRun(module="tests", job="walk", instance=f"h{i}", status=Status.DONE, live=None, started_at=now,
-               updated_at=now, ended_at=now) for i in range(2000)
-    ] + [JobRun(module="tests", job="walk", instance=f"r{i}", started_at=now, updated_at=now) for i in range(1000)])
+    JobRun.objects.bulk_create(
+        [
+            JobRun(
+                module="tests",
+                job="walk",
+                instance=f"h{i}",
+                status=Status.DONE,
+                live=None,
+                started_at=now,
+                updated_at=now,
+                ended_at=now,
+            )
+            for i in range(2000)
+        ]
+        + [JobRun(module="tests", job="walk", instance=f"r{i}", started_at=now, updated_at=now) for i in range(1000)]
+    )
     with connection.cursor() as cur:
         cur.execute("ANALYZE")
     queries = captured(lambda: store().due(timezone.now(), None, 50))

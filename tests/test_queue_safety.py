@@ -125,8 +125,11 @@ def test_q2_step_result_comes_back_through_its_stored_form_first_time_and_on_rep
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(min_value=-(2**63), max_value=2**63 - 1)
-    | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(), children, max_size=4),
     max_leaves=20,
 )
@@ -166,12 +169,15 @@ def nested(depth):
     return value
 
 
-@pytest.mark.parametrize("value, path, why", [
-    (nested(10_000), "payload" + ".0" * 64, "nested deeper than 64 levels"),
-    ({"a": nested(65)}, "payload.a" + ".0" * 63, "nested deeper than 64 levels"),
-    ({"n": 10**5000}, "payload.n", "outside the signed 64-bit range"),
-    ({"n": [2**63]}, "payload.n.0", "outside the signed 64-bit range"),
-])
+@pytest.mark.parametrize(
+    "value, path, why",
+    [
+        (nested(10_000), "payload" + ".0" * 64, "nested deeper than 64 levels"),
+        ({"a": nested(65)}, "payload.a" + ".0" * 63, "nested deeper than 64 levels"),
+        ({"n": 10**5000}, "payload.n", "outside the signed 64-bit range"),
+        ({"n": [2**63]}, "payload.n.0", "outside the signed 64-bit range"),
+    ],
+)
 def test_q3_bounds_are_refused_naming_the_path(value, path, why):
     with pytest.raises(QueueUnsafe, match=why) as caught:
         check_queue_safe(value, "payload")
@@ -191,8 +197,15 @@ def test_q3_a_start_past_the_bounds_writes_nothing():
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("name, why", [("bad\x00name", "contains NUL"), ("lone \udc80", "lone surrogate"),
-                                      ("", "non-empty text"), ("x" * 256, "at most 255")])
+@pytest.mark.parametrize(
+    "name, why",
+    [
+        ("bad\x00name", "contains NUL"),
+        ("lone \udc80", "lone surrogate"),
+        ("", "non-empty text"),
+        ("x" * 256, "at most 255"),
+    ],
+)
 def test_a_step_name_the_database_cannot_store_is_refused_before_the_body_runs(behaviour, name, why):
     ran = []
 

@@ -18,8 +18,11 @@ from django_jobruns.exceptions import QueueUnsafe
 from django_jobruns.models import JobRun
 
 json_leaves = (
-    st.none() | st.booleans() | st.integers(min_value=-(2**63), max_value=2**63 - 1)
-    | st.floats(allow_nan=False, allow_infinity=False) | st.text()
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text()
 )
 json_values = st.recursive(
     json_leaves,
@@ -57,12 +60,25 @@ def test_every_accepted_payload_round_trips_through_storage_unchanged(value):
     JobRun.objects.filter(pk=run.pk).delete()
 
 
-UNSAFE_LEAVES = st.sampled_from([
-    b"bytes", bytearray(b"x"), {1, 2}, frozenset(), (1, 2), math.nan, math.inf, -math.inf,
-    dt.datetime(2026, 1, 1), dt.date(2026, 1, 1), Decimal("1.5"), uuid.uuid4(), object(), {3: "int key"},
-])
-path_segments = st.lists(st.one_of(st.text(alphabet="abcxyz", min_size=1, max_size=4), st.integers(0, 3)),
-                         max_size=4)
+UNSAFE_LEAVES = st.sampled_from(
+    [
+        b"bytes",
+        bytearray(b"x"),
+        {1, 2},
+        frozenset(),
+        (1, 2),
+        math.nan,
+        math.inf,
+        -math.inf,
+        dt.datetime(2026, 1, 1),
+        dt.date(2026, 1, 1),
+        Decimal("1.5"),
+        uuid.uuid4(),
+        object(),
+        {3: "int key"},
+    ]
+)
+path_segments = st.lists(st.one_of(st.text(alphabet="abcxyz", min_size=1, max_size=4), st.integers(0, 3)), max_size=4)
 
 
 @given(segments=path_segments, leaf=UNSAFE_LEAVES, siblings=st.lists(json_leaves, max_size=3))

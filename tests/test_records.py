@@ -50,8 +50,20 @@ def test_job_runs_decodes_every_column_and_filters():
 
 @pytest.mark.parametrize(
     "limit, expected",
-    [(None, 50), (-1, 1), (0, 1), (2.7, 2), (10**9, 500), (math.inf, 500), (-math.inf, 1), (math.nan, 50), (3, 3),
-     (10**400, 500), (-(10**400), 1), (Fraction(10**400, 3), 500)],
+    [
+        (None, 50),
+        (-1, 1),
+        (0, 1),
+        (2.7, 2),
+        (10**9, 500),
+        (math.inf, 500),
+        (-math.inf, 1),
+        (math.nan, 50),
+        (3, 3),
+        (10**400, 500),
+        (-(10**400), 1),
+        (Fraction(10**400, 3), 500),
+    ],
 )
 def test_job_runs_limit_is_clamped_before_it_reaches_sql(limit, expected):
     with CaptureQueriesContext(connection) as ctx:

@@ -31,9 +31,11 @@ def test_registering_a_key_twice_is_an_error():
 
     try:
         with pytest.raises(AlreadyRegistered, match="'tests.twice' is already registered"):
+
             @job("twice")
             def second(p):
                 return None
+
         assert get_job("tests.twice") is first
     finally:
         unregister("tests.twice")

@@ -33,9 +33,14 @@ def test_next_attempt_at_and_exhaustion():
 
 @pytest.mark.parametrize(
     "kwargs, message",
-    [({"max_attempts": 0}, "max_attempts"), ({"max_attempts": 1.5}, "max_attempts"),
-     ({"base_delay": -1}, "base_delay"), ({"max_delay": "soon"}, "max_delay"),
-     ({"factor": 0.5}, "factor"), ({"jitter": 2}, "jitter")],
+    [
+        ({"max_attempts": 0}, "max_attempts"),
+        ({"max_attempts": 1.5}, "max_attempts"),
+        ({"base_delay": -1}, "base_delay"),
+        ({"max_delay": "soon"}, "max_delay"),
+        ({"factor": 0.5}, "factor"),
+        ({"jitter": 2}, "jitter"),
+    ],
 )
 def test_bad_policies_are_refused(kwargs, message):
     with pytest.raises((ValueError, TypeError), match=message):

@@ -17,9 +17,22 @@ def test_starts_drives_restarts_reads_commands_and_admin_all_use_the_routed_data
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings_routed", "PYTHONPATH": str(ROOT)}
     env.pop("JOBRUNS_TEST_DB_NAME", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--ds=tests.settings_routed",
-         "--create-db", str(ROOT / "tests" / "routed" / "check_routed.py")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--ds=tests.settings_routed",
+            "--create-db",
+            str(ROOT / "tests" / "routed" / "check_routed.py"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]
     assert "1 passed" in proc.stdout

@@ -18,6 +18,7 @@ def received():
             # Sent after the commit: the row already says what the signal reports.
             status = JobRun.objects.get(pk=kwargs["run_id"]).status
             events.append((name, status, kwargs))
+
         return receiver
 
     receivers = {pass_committed: make("pass"), run_completed: make("completed"), run_failed: make("failed")}
@@ -47,8 +48,9 @@ def test_signals_report_passes_completion_and_failure(behaviour, clock, received
 
 
 @pytest.mark.django_db
-def test_inside_a_transaction_signals_wait_for_its_commit(behaviour, clock, received,
-                                                          django_capture_on_commit_callbacks):
+def test_inside_a_transaction_signals_wait_for_its_commit(
+    behaviour, clock, received, django_capture_on_commit_callbacks
+):
     behaviour["tx"] = lambda p: {"done": True}
     start_job_run("tests.scripted", instance="tx")
     with django_capture_on_commit_callbacks(execute=False) as callbacks:

@@ -74,8 +74,9 @@ def test_overlapping_worker_processes_on_default_sqlite_never_fail_a_pass_on_the
     start_runs(effects)
     env = {"JOBRUNS_SQLITE_DEFAULTS": "1"}
     for _round in range(PASSES * 3):
-        workers = [manage("run_due_jobs", "--concurrency", "4", "--max-passes", "2", "--json", extra_env=env)
-                   for _ in range(3)]
+        workers = [
+            manage("run_due_jobs", "--concurrency", "4", "--max-passes", "2", "--json", extra_env=env) for _ in range(3)
+        ]
         for worker in workers:
             out, err = worker.communicate(timeout=120)
             assert worker.returncode == 0, err

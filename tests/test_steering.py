@@ -160,8 +160,11 @@ def test_retry_now_skips_the_backoff(clock):
 def test_give_up_fails_the_run_at_once_whatever_the_policy(where, clock):
     def handler(p):
         if where == "step":
-            p.step("lookup", lambda: (_ for _ in ()).throw(GiveUp("supplier 7 no longer exists")),
-                   retry=RetryPolicy(max_attempts=50))
+            p.step(
+                "lookup",
+                lambda: (_ for _ in ()).throw(GiveUp("supplier 7 no longer exists")),
+                retry=RetryPolicy(max_attempts=50),
+            )
         raise GiveUp("supplier 7 no longer exists")
 
     jobs.BEHAVIOUR[f"giveup-{where}"] = handler

@@ -29,11 +29,17 @@ def lock_waiters(pattern: str) -> int:
     """Connections of this database waiting for a row lock in a statement like ``pattern``, as the server says."""
     with connection.cursor() as cur:
         if connection.vendor == "postgresql":
-            cur.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                        "AND datname = current_database() AND query LIKE %s", [pattern])
+            cur.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND datname = current_database() AND query LIKE %s",
+                [pattern],
+            )
         else:
-            cur.execute("SELECT count(*) FROM information_schema.processlist WHERE db = DATABASE() "
-                        "AND command = 'Query' AND state = 'Updating' AND info LIKE %s", [pattern])
+            cur.execute(
+                "SELECT count(*) FROM information_schema.processlist WHERE db = DATABASE() "
+                "AND command = 'Query' AND state = 'Updating' AND info LIKE %s",
+                [pattern],
+            )
         (count,) = cur.fetchone()
     return int(count)
 
@@ -87,6 +93,7 @@ def test_takeover_after_a_row_lock_stall_sees_the_memo_committed_just_before_its
                 reports[name] = fn()
             finally:
                 connections.close_all()
+
         thread = threading.Thread(target=target)
         thread.start()
         return thread
@@ -327,7 +334,8 @@ def test_a_worker_whose_clock_runs_ten_minutes_fast_cannot_take_a_live_lease(eff
     assert (after.lease_holder, after.lease_fence, after.attempts) == ("live-worker", 7, 0)
     assert effect_lines(effects) == []
     # Its own clock still stamps what it starts: the skew is real in that process.
-    starter = manage("start_job_run", "tests.walk", "--instance", "stamped",
-                     extra_env={"JOBRUNS_TEST_CLOCK_SKEW": "600"})
+    starter = manage(
+        "start_job_run", "tests.walk", "--instance", "stamped", extra_env={"JOBRUNS_TEST_CLOCK_SKEW": "600"}
+    )
     starter.communicate(timeout=120)
     assert JobRun.objects.get(instance="stamped").started_at > timezone.now() + timedelta(minutes=9)

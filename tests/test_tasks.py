@@ -13,7 +13,8 @@ from django_jobruns.models import JobRun, Status  # noqa: E402
 IMMEDIATE = {
     "default": {
         "BACKEND": "django.tasks.backends.immediate.ImmediateBackend"
-        if django.VERSION >= (6, 0) else "django_tasks.backends.immediate.ImmediateBackend",
+        if django.VERSION >= (6, 0)
+        else "django_tasks.backends.immediate.ImmediateBackend",
     }
 }
 

@@ -131,8 +131,14 @@ def test_the_drive_hook_sees_passes_and_steps_and_can_abandon_a_pass(behaviour):
         finished = drive_to_completion(run)
     assert finished.status == Status.DONE and finished.cursor == "3"
     assert ran == ["a", "b"], "a's memo committed before the crash: not run again"
-    assert watcher.seen == [("start", "hooked"), ("step", "a", 1), ("start", "hooked"), ("step", "a", 1),
-                            ("step", "b", 2), ("end", "completed")]
+    assert watcher.seen == [
+        ("start", "hooked"),
+        ("step", "a", 1),
+        ("start", "hooked"),
+        ("step", "a", 1),
+        ("step", "b", 2),
+        ("end", "completed"),
+    ]
     # Outside the block, nothing is observed.
     again, _ = start_job_run("tests.scripted", instance="hooked")
     drive_to_completion(again)

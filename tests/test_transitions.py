@@ -31,7 +31,10 @@ def test_each_ending_frees_the_key_and_the_lease_and_each_other_keeps_the_key():
         transitions.advanced("1", "{}", NOW, done=False, lease_until=NOW),
         transitions.advanced("1", "{}", NOW, done=False, lease_until=None),
         transitions.attempt_failed(1, "flaky", NOW, next_attempt_at=NOW),
-        transitions.released(), transitions.paused(NOW), transitions.unpaused(NOW), transitions.made_due(),
+        transitions.released(),
+        transitions.paused(NOW),
+        transitions.unpaused(NOW),
+        transitions.made_due(),
     ]
     for fields in going_on:
         assert "status" not in fields and "live" not in fields and "ended_at" not in fields, fields

@@ -67,8 +67,9 @@ def test_the_app_lives_on_its_own_database_and_every_path_uses_it(admin_client, 
     assert listing.status_code == 200 and run.pk in listing.content.decode()
     page = admin_client.get(reverse("admin:django_jobruns_jobrun_change", args=[failed.pk]))
     assert page.status_code == 200 and "boom" in page.content.decode()
-    response = admin_client.post(reverse("admin:django_jobruns_jobrun_steer", args=[run.pk]), {"verb": "pause"},
-                                 follow=True)
+    response = admin_client.post(
+        reverse("admin:django_jobruns_jobrun_steer", args=[run.pk]), {"verb": "pause"}, follow=True
+    )
     assert response.status_code == 200
     assert app_tables("default") == []
     assert JobRun.objects.using("jobruns").count() >= 4

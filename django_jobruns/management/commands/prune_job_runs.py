@@ -46,7 +46,8 @@ def _status(text: str) -> tuple[str, float | None]:
     name, sep, days = text.partition("=")
     if name not in FINISHED:
         raise argparse.ArgumentTypeError(
-            f"invalid choice: {name!r:.50} (choose from {', '.join(map(repr, FINISHED))}, optionally =DAYS)")
+            f"invalid choice: {name!r:.50} (choose from {', '.join(map(repr, FINISHED))}, optionally =DAYS)"
+        )
     return name, _days(days) if sep else None
 
 
@@ -58,11 +59,22 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--older-than", type=_days, default=None, metavar="DAYS",
-                            help="age in days of the runs to delete (required unless every --status has its own)")
-        parser.add_argument("--status", action="append", type=_status, dest="statuses", metavar="STATUS[=DAYS]",
-                            help="only runs with this status, optionally with its own age in days "
-                                 "(repeatable; default: every finished status)")
+        parser.add_argument(
+            "--older-than",
+            type=_days,
+            default=None,
+            metavar="DAYS",
+            help="age in days of the runs to delete (required unless every --status has its own)",
+        )
+        parser.add_argument(
+            "--status",
+            action="append",
+            type=_status,
+            dest="statuses",
+            metavar="STATUS[=DAYS]",
+            help="only runs with this status, optionally with its own age in days "
+            "(repeatable; default: every finished status)",
+        )
         parser.add_argument("--dry-run", action="store_true", help="count what would be deleted, delete nothing")
         parser.add_argument("--json", action="store_true", help="print a summary as JSON")
         parser.add_argument("--batch-size", type=_batch, default=BATCH_SIZE, help=argparse.SUPPRESS)
@@ -77,7 +89,8 @@ class Command(BaseCommand):
             age = days if days is not None else default
             if age is None:
                 raise CommandError(
-                    f"--status {status} has no age: give it one (--status {status}=DAYS) or give --older-than")
+                    f"--status {status} has no age: give it one (--status {status}=DAYS) or give --older-than"
+                )
             plan[status] = age
         started = time.monotonic()
         counts: dict[str, int] = {}
@@ -92,8 +105,11 @@ class Command(BaseCommand):
         try:
             for status, age in plan.items():
                 counts[status] = prune_job_runs(
-                    older_than=timedelta(days=age), statuses=[status], dry_run=options["dry_run"],
-                    batch_size=options["batch_size"], progress=progress,
+                    older_than=timedelta(days=age),
+                    statuses=[status],
+                    dry_run=options["dry_run"],
+                    batch_size=options["batch_size"],
+                    progress=progress,
                 )
                 done_before += counts[status]
         except DatabaseError as exc:
@@ -101,11 +117,18 @@ class Command(BaseCommand):
         seconds = time.monotonic() - started
         total = sum(counts.values())
         if options["json"]:
-            self.stdout.write(json.dumps({
-                "dry_run": options["dry_run"], "deleted": total, "by_status": counts,
-                "older_than_days": plan, "seconds": round(seconds, 3),
-                "runs_per_second": round(total / seconds) if seconds > 0 and not options["dry_run"] else None,
-            }))
+            self.stdout.write(
+                json.dumps(
+                    {
+                        "dry_run": options["dry_run"],
+                        "deleted": total,
+                        "by_status": counts,
+                        "older_than_days": plan,
+                        "seconds": round(seconds, 3),
+                        "runs_per_second": round(total / seconds) if seconds > 0 and not options["dry_run"] else None,
+                    }
+                )
+            )
             return
         verb = "would delete" if options["dry_run"] else "deleted"
         ages = set(plan.values())

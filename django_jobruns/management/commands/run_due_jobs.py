@@ -79,21 +79,39 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--limit", type=whole(10_000), default=None,
-                            help="runs to take at most (default JOBRUNS['DRIVE_LIMIT'], 50)")
-        parser.add_argument("--max-passes", type=whole(1_000_000), default=None,
-                            help="passes per run and claim (default 1; with --max-seconds, unlimited)")
-        parser.add_argument("--concurrency", type=whole(256), default=1,
-                            help="runs driven at once (default 1, at most 256)")
+        parser.add_argument(
+            "--limit",
+            type=whole(10_000),
+            default=None,
+            help="runs to take at most (default JOBRUNS['DRIVE_LIMIT'], 50)",
+        )
+        parser.add_argument(
+            "--max-passes",
+            type=whole(1_000_000),
+            default=None,
+            help="passes per run and claim (default 1; with --max-seconds, unlimited)",
+        )
+        parser.add_argument(
+            "--concurrency", type=whole(256), default=1, help="runs driven at once (default 1, at most 256)"
+        )
         parser.add_argument("--holder", default=None, help="lease holder name (default: host:pid:random)")
-        parser.add_argument("--lease-ttl", type=seconds(7 * DAY), default=None,
-                            help="lease length in seconds (default JOBRUNS['LEASE_TTL'], 300; at most a week); "
-                                 "must outlast the longest step")
-        parser.add_argument("--job", action="append", dest="jobs", metavar="APP.NAME",
-                            help="drive only this job (repeatable)")
-        parser.add_argument("--max-seconds", type=seconds(DAY), default=None,
-                            help="keep working (and waiting for work) for this many seconds, then finish the "
-                                 "pass in flight, release and exit (default: one bounded pass)")
+        parser.add_argument(
+            "--lease-ttl",
+            type=seconds(7 * DAY),
+            default=None,
+            help="lease length in seconds (default JOBRUNS['LEASE_TTL'], 300; at most a week); "
+            "must outlast the longest step",
+        )
+        parser.add_argument(
+            "--job", action="append", dest="jobs", metavar="APP.NAME", help="drive only this job (repeatable)"
+        )
+        parser.add_argument(
+            "--max-seconds",
+            type=seconds(DAY),
+            default=None,
+            help="keep working (and waiting for work) for this many seconds, then finish the "
+            "pass in flight, release and exit (default: one bounded pass)",
+        )
         parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
     def handle(self, *args: Any, **options: Any) -> None:

@@ -42,5 +42,7 @@ class Command(BaseCommand):
         else:
             self.stdout.write(f"joined live run {run.id} (started {run.started_at:%Y-%m-%d %H:%M:%S %Z})")
             if options["payload"] is not None and json.loads(run.payload) != payload:
-                self.stderr.write("note: the live run's payload differs from --payload; it keeps its own "
-                                  "(cancel it first to start with the new one)")
+                self.stderr.write(
+                    "note: the live run's payload differs from --payload; it keeps its own "
+                    "(cancel it first to start with the new one)"
+                )
