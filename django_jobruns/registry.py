@@ -6,7 +6,7 @@ import functools
 import threading
 from collections.abc import Callable, Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from .exceptions import AlreadyRegistered, UnknownJob
 from .retry import RetryPolicy, as_timedelta
@@ -29,6 +29,10 @@ class Job:
     Calling a ``Job`` calls its handler, so a decorated function stays usable as
     a function.
     """
+
+    # Copied from the handler by ``functools.update_wrapper``.
+    __name__: str
+    __qualname__: str
 
     def __init__(
         self,
@@ -75,9 +79,19 @@ def _app_label_for(module_name: str) -> str:
     return module_name.split(".")[0]
 
 
+@overload
+def job(name: Handler, /) -> Job: ...
+
+
+@overload
+def job(
+    name: str | None = None, *, retry: RetryPolicy | None = None, lease: timedelta | float | None = None
+) -> Callable[[Handler], Job]: ...
+
+
 def job(
     name: str | Handler | None = None, *, retry: RetryPolicy | None = None, lease: timedelta | float | None = None
-) -> Any:
+) -> Job | Callable[[Handler], Job]:
     """Register a handler as a job, under ``(app label, name)``.
 
     ``name`` defaults to the function's name; the app label is that of the

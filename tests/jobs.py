@@ -79,10 +79,10 @@ def blocking(p: Any) -> Any:
                 else:
                     threading.Event().wait()
         elif p.run.instance in GATES:
-            entered, release = GATES[p.run.instance]
+            entered, let_go = GATES[p.run.instance]
             if not entered.is_set():
                 entered.set()
-                release.wait(timeout=60)
+                let_go.wait(timeout=60)
         return "first"
 
     p.step("before", lambda: effect(payload["log"], p.run.id, "before") if "log" in payload else "before")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
 import pytest
 from django.contrib.admin.models import ADDITION, LogEntry
@@ -317,7 +318,7 @@ def test_steering_buttons_appear_where_they_apply(admin_client):
     page = admin_client.get(change_url(live)).content.decode()
     assert 'id="jobruns-pause"' in page and 'id="jobruns-cancel"' in page
     assert 'id="jobruns-unpause"' not in page and 'id="jobruns-retry_now"' not in page
-    waiting = make_run("waiting-btn", next_attempt_at=timezone.now() + timezone.timedelta(minutes=5))
+    waiting = make_run("waiting-btn", next_attempt_at=timezone.now() + timedelta(minutes=5))
     assert 'id="jobruns-retry_now"' in admin_client.get(change_url(waiting)).content.decode()
     paused = make_run("paused-btn", paused_at=timezone.now())
     page = admin_client.get(change_url(paused)).content.decode()
@@ -338,7 +339,7 @@ def test_steering_buttons_appear_where_they_apply(admin_client):
     ],
 )
 def test_a_steering_button_acts_logs_and_says_so(admin_client, verb, check):
-    run = make_run(f"steer-{verb}", next_attempt_at=timezone.now() + timezone.timedelta(minutes=5))
+    run = make_run(f"steer-{verb}", next_attempt_at=timezone.now() + timedelta(minutes=5))
     response = admin_client.post(steer_url(run), {"verb": verb}, follow=True)
     run.refresh_from_db()
     assert check(run)
@@ -379,8 +380,8 @@ def test_bulk_steering_acts_on_the_runs_it_applies_to_and_skips_the_others(admin
 
 
 def test_a_lapsed_lease_is_shown_as_such(admin_client):
-    run = make_run("lapsed", lease_holder="dead-host:1:ab", lease_expires_at=timezone.now() - timezone.timedelta(1))
-    held = make_run("held", lease_holder="live-host:2:cd", lease_expires_at=timezone.now() + timezone.timedelta(1))
+    run = make_run("lapsed", lease_holder="dead-host:1:ab", lease_expires_at=timezone.now() - timedelta(1))
+    held = make_run("held", lease_holder="live-host:2:cd", lease_expires_at=timezone.now() + timedelta(1))
     listing = admin_client.get(reverse(CHANGELIST)).content.decode()
     assert listing.count('class="jobruns-lease-lapsed"') == 1 and listing.count('class="jobruns-lease-held"') == 1
     assert "ago — its holder dead-host:1:ab stopped reporting" in admin_client.get(change_url(run)).content.decode()
@@ -402,7 +403,7 @@ def test_a_lapsed_lease_is_shown_as_such(admin_client):
 def test_the_state_filter_finds_what_an_operator_looks_for(admin_client, state, matches):
     now = timezone.now()
     runs = {
-        "backoff": make_run("backoff", next_attempt_at=now + timezone.timedelta(minutes=5)),
+        "backoff": make_run("backoff", next_attempt_at=now + timedelta(minutes=5)),
         "paused": make_run("paused", paused_at=now),
         "orphan": make_run("orphan", module="gone"),
         "plain": make_run("plain"),

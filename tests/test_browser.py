@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import shutil
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
@@ -66,7 +68,7 @@ def _seed():
     ):
         run, _ = start_job_run("demo.import_catalog", instance=instance, payload={"supplier": n + 1})
         imported = 10000 if status == Status.DONE else 4500
-        fields = {"counters": f'{{"imported": {imported}, "total": 10000}}', "cursor": str(imported)}
+        fields: dict[str, Any] = {"counters": f'{{"imported": {imported}, "total": 10000}}', "cursor": str(imported)}
         if status == Status.DONE:
             fields.update(status=status, live=None, ended_at=now)
         JobRun.objects.filter(pk=run.pk).update(**fields)
@@ -181,9 +183,9 @@ def test_changelist_is_readable_at_1280_px(browser, live_server, screenshots):
     run, _ = start_job_run("demo.import_catalog", instance="supplier-" + "x" * 60, payload={})
     JobRun.objects.filter(pk=run.pk).update(
         attempts=3,
-        next_attempt_at=now + timezone.timedelta(minutes=4),
+        next_attempt_at=now + timedelta(minutes=4),
         lease_holder="worker-host-with-a-long-name.internal.example.com:123456",
-        lease_expires_at=now - timezone.timedelta(minutes=2),
+        lease_expires_at=now - timedelta(minutes=2),
         last_error="UpstreamUnavailable:" + "connection-reset-by-peer/" * 12,
     )
     browser.set_window_size(1280, 900)

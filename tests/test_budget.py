@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 from django.db import connection, connections
@@ -121,6 +122,7 @@ def test_a_waiting_drive_is_woken_by_a_start_and_stops_at_once_on_its_signal():
 
 
 def test_budget_and_passes_are_checked_before_anything_is_claimed():
+    bad: Any
     for bad in (0, -1, float("nan"), float("inf"), "5", True, 10**6):
         with pytest.raises(InvalidDriveOptions, match="max_seconds"):
             run_due_jobs(max_seconds=bad)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
+from datetime import timedelta
 
 import pytest
 from django.db import IntegrityError, connections, transaction
@@ -106,7 +107,7 @@ def test_c4_a_run_whose_worker_vanished_stays_running_and_is_taken_again(clock, 
     run, _ = start_job_run("tests.walk", instance="c4", payload={"log": str(effects), "passes": 1})
     # A worker claimed it and died: its lease is in place and nothing released it.
     JobRun.objects.filter(pk=run.pk).update(lease_holder="dead:1:x", lease_expires_at=clock.now, lease_fence=7)
-    assert run_due_jobs(now=lambda: clock.now.replace(microsecond=0) - timezone.timedelta(seconds=1)).attempted == 0
+    assert run_due_jobs(now=lambda: clock.now.replace(microsecond=0) - timedelta(seconds=1)).attempted == 0
     run.refresh_from_db()
     assert run.status == Status.RUNNING
     report = run_due_jobs(now=clock)

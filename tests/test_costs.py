@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -44,7 +46,7 @@ def test_one_pass_of_k_fresh_steps_costs_at_most_2k_plus_6_statements(behaviour,
 
 
 def test_a_memoized_step_issues_no_statement(behaviour, clock):
-    replays = []
+    replays: list[Any] = []
 
     def handler(p):
         if not replays:

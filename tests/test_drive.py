@@ -7,6 +7,7 @@ import os
 import socket
 import threading
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -82,7 +83,7 @@ def test_d1_jobs_option_limits_the_drive(behaviour, clock, effects):
 
 
 def test_d4_run_changed_after_the_due_read_is_given_back_stale(behaviour, clock):
-    called = []
+    called: list[Any] = []
     (run,) = _runs(behaviour, 1, lambda p: called.append(1))
 
     def finish_before_claim(execute, sql, params, many, context):
@@ -108,7 +109,7 @@ def test_d5_failed_release_is_reported_and_does_not_hide_the_pass_error(behaviou
 
     (run,) = _runs(behaviour, 1, handler)
 
-    broken = []
+    broken: list[Any] = []
 
     def break_writes_after_the_step(execute, sql, params, many, context):
         # The database goes away as the pass commits: the commit fails, and so
@@ -283,7 +284,7 @@ def test_d1_runs_are_taken_oldest_first(behaviour, clock):
 
 def test_d2_a_claim_lost_to_another_worker_is_made_up_from_the_spares(behaviour, clock):
     runs = _runs(behaviour, 4, lambda p: {"cursor": 1})
-    lost = []
+    lost: list[Any] = []
 
     def another_worker_claims_first(execute, sql, params, many, context):
         if "lease_holder` = %s" in sql.replace('"', "`") and not lost:

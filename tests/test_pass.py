@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -329,7 +330,7 @@ def test_bad_handler_result_fails_the_run_at_once_and_keeps_the_cursor(behaviour
 
 
 def test_pass_sees_payload_run_and_read_only_counters(behaviour, clock):
-    seen = {}
+    seen: dict[str, Any] = {}
 
     def handler(p):
         p.count("a", 2)

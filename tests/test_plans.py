@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -64,14 +66,14 @@ def test_job_runs_by_instance_uses_the_instance_index():
 
 def test_prune_reads_its_batches_through_the_ended_index():
     seed()
-    queries = captured(lambda: prune_job_runs(older_than=timezone.timedelta(days=1), dry_run=True))
+    queries = captured(lambda: prune_job_runs(older_than=timedelta(days=1), dry_run=True))
     assert "jobruns_prune" in plan(queries[0])
 
 
 @pytest.mark.skipif("connection.vendor != 'postgresql'", reason="the one-statement batch is PostgreSQL's")
 def test_a_prune_batch_is_one_statement_through_the_prune_index():
     seed()
-    queries = captured(lambda: prune_job_runs(older_than=timezone.timedelta(0), batch_size=20))
+    queries = captured(lambda: prune_job_runs(older_than=timedelta(0), batch_size=20))
     assert len(queries) == 3 and all(q.startswith("WITH batch") for q in queries), queries  # 20 + 20 + 10
     assert "jobruns_prune" in plan(queries[0])
     assert not JobRun.objects.exists()

@@ -41,7 +41,7 @@ def same(a: Any, b: Any) -> bool:
         return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=False))
     if isinstance(a, float):
         return a == b and math.copysign(1, a) == math.copysign(1, b)
-    return a == b
+    return bool(a == b)
 
 
 _instances = itertools.count()
@@ -86,7 +86,7 @@ def test_every_reshaped_value_is_refused_naming_its_path(segments, leaf, sibling
     from django_jobruns.queue_safety import check_queue_safe
 
     value: Any = leaf
-    path = []
+    path: list[Any] = []
     for segment in reversed(segments):
         if isinstance(segment, int):
             # Safe siblings before the bad one: it sits at index len(siblings).

@@ -68,7 +68,7 @@ def test_bad_registrations_are_refused():
     with pytest.raises(ValueError, match="without dots"):
         job("a.b")
     with pytest.raises(TypeError, match="RetryPolicy"):
-        job(retry={"max_attempts": 3})  # type: ignore[arg-type]
+        job(retry={"max_attempts": 3})  # type: ignore[call-overload]
 
 
 def test_unknown_jobs_are_lookup_errors_with_a_clear_message():

@@ -18,6 +18,7 @@ from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from django_jobruns import RetryPolicy, run_due_jobs, start_job_run
+from django_jobruns.drive import DriveReport
 from django_jobruns.models import JobRun, JobStep, Status
 from tests import jobs
 from tests.conftest import Clock, effect_lines, manage
@@ -85,7 +86,7 @@ def test_takeover_after_a_row_lock_stall_sees_the_memo_committed_just_before_its
 
     jobs.BEHAVIOUR["stall"] = handler
     run, _ = start_job_run("tests.scripted", instance="stall")
-    reports: dict[str, object] = {}
+    reports: dict[str, DriveReport] = {}
 
     def in_thread(name, fn):
         def target():
