@@ -499,15 +499,10 @@ class _Drive:
                     break
                 if self.stopping():
                     break
-                # The next pass resumes from what the store says was committed.
-                fresh = store().read_run(run_id, self.clock())
-                if fresh is None or fresh.run.lease_fence != claim.fence or fresh.run.status != Status.RUNNING:
-                    self.report.add(Count.LOST)
-                    released = True
-                    break
-                if not fresh.due:
+                # The next pass resumes from what the commit wrote, which the
+                # commit also said still held under this claim.
+                if run.paused_at is not None:
                     break  # paused by an operator meanwhile: give it back (in ``finally``)
-                run = fresh.run
                 ledger = {}  # the commit dropped it
         except Exception as exc:
             logger.exception("run %s: the drive could not record its pass", run_id)

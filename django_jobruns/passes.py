@@ -467,9 +467,11 @@ def run_pass(
     """Run one pass of ``run`` under ``claim`` and write what happened.
 
     ``release`` says whether the pass's final write also gives the lease back
-    (the last pass of this drive for the run); otherwise it extends it. Never
-    raises for the handler's own failures; a database error writing the
-    outcome propagates to the drive, which reports it.
+    (the last pass of this drive for the run); otherwise it extends it. A
+    committed pass updates ``run`` to what it committed, and to whether an
+    operator paused it meanwhile, for the drive's next pass. Never raises for
+    the handler's own failures; a database error writing the outcome
+    propagates to the drive, which reports it.
     """
     observer = _observer.get()
     if observer is None:
@@ -529,13 +531,19 @@ def _run_pass(run: JobRun, job: Job, claim: Claim, release: bool, ledger: dict[s
         logger.warning("run %s (%s.%s): %s", run.id, run.module, run.job, warning)
     now = claim.now()
     keep_until = None if done or release else claim.expiry(now)
-    fields = transitions.advanced(
-        cursor, json.dumps(p._counters, separators=(",", ":")), now, done=done, lease_until=keep_until, warning=warning
-    )
+    counters_text = json.dumps(p._counters, separators=(",", ":"))
+    fields = transitions.advanced(cursor, counters_text, now, done=done, lease_until=keep_until, warning=warning)
     if keep_until is not None:
         claim.expires_at = keep_until
-    if not store().commit_pass(run.id, claim.fence, fields, drop_ledger=bool(ledger)):
+    committed = store().commit_pass(
+        run.id, claim.fence, fields, drop_ledger=bool(ledger), read_back=keep_until is not None
+    )
+    if committed is None:
         return PassOutcome(Outcome.LOST)
+    # The run as this commit left it: a further pass under the same claim starts
+    # from it, with no read of the row in between.
+    run.cursor, run.counters, run.attempts, run.next_attempt_at = cursor, counters_text, 0, None
+    run.paused_at = committed.paused_at
     if signals.pass_committed.has_listeners() or (done and signals.run_completed.has_listeners()):
         identity = {"run_id": run.id, "module": run.module, "job": run.job, "instance": run.instance}
         decoded_cursor = json.loads(cursor) if cursor is not None else None

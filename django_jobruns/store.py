@@ -76,6 +76,13 @@ class ClaimedRow:
     ledger: Ledger | None = None
 
 
+@dataclass(frozen=True)
+class Committed:
+    """A pass commit that held: the run's pause as the commit left it (``None`` if it was not paused)."""
+
+    paused_at: datetime | None
+
+
 @dataclass(slots=True)
 class StepWrite:
     """A step record to write under a claim, and the claim's lease as the pass knows it."""
@@ -180,12 +187,16 @@ class Statements:
             f"{fenced}UPDATE {step} SET {step_set} FROM fenced WHERE {step}.{s['run']} = fenced.{r['id']} "
             f"AND {step}.{s['step']} = %s RETURNING 1"
         )
-        self.commit_where = f"{self.update_fenced_where} RETURNING {r['id']}"
+        # A commit says whether the fence held (a row) and whether an operator
+        # paused the run meanwhile, so a further pass needs no read of the run.
+        self.commit_returning = f" RETURNING {r['paused_at']}"
+        self.paused_at = f"SELECT {r['paused_at']} FROM {run} WHERE {r['id']} = %s"
+        self.commit_where = f"{self.update_fenced_where} RETURNING {r['id']}, {r['paused_at']}"
         self.commit_drop = (
             f"), dropped AS (DELETE FROM {step} WHERE {s['run']} IN (SELECT {r['id']} FROM fenced)) "
-            "SELECT COUNT(*) FROM fenced"
+            f"SELECT {r['paused_at']} FROM fenced"
         )
-        self.commit_keep = ") SELECT COUNT(*) FROM fenced"
+        self.commit_keep = f") SELECT {r['paused_at']} FROM fenced"
         self._assignments: dict[tuple[str, ...], str] = {}
 
     def update_fenced(self, fields: Any) -> str:
@@ -353,20 +364,39 @@ class Store:
         """Whether this step write renews the lease (else it only checks the fence)."""
         return True
 
-    def commit_pass(self, run_id: str, fence: int, fields: dict[str, Any], *, drop_ledger: bool) -> bool:
-        """Write the pass's transition and drop its ledger, if ``fence`` still holds; return whether it did."""
+    def commit_pass(
+        self, run_id: str, fence: int, fields: dict[str, Any], *, drop_ledger: bool, read_back: bool = False
+    ) -> Committed | None:
+        """Write the pass's transition and drop its ledger, if ``fence`` still holds; ``None`` if it did not.
+
+        ``read_back`` asks for the run's pause as the commit left it (for a
+        further pass under the same claim); without ``RETURNING`` that is one
+        more read inside the commit's transaction.
+        """
 
         wrapper, st = self.connection, self.statements
         params = [*self._adapted(wrapper, fields), run_id, fence]
+        returning = self.returning
 
-        def commit() -> bool:
+        def commit() -> Committed | None:
             with transaction.atomic(using=self.alias), wrapper.cursor() as cur:
-                cur.execute(st.update_fenced(fields), params)
-                if cur.rowcount != 1:
-                    return False
+                paused_at = None
+                if returning:
+                    cur.execute(st.update_fenced(fields) + st.commit_returning, params)
+                    row = cur.fetchone()
+                    if row is None:
+                        return None
+                    paused_at = row[0]
+                else:
+                    cur.execute(st.update_fenced(fields), params)
+                    if cur.rowcount != 1:
+                        return None
+                    if read_back:
+                        cur.execute(st.paused_at, [run_id])
+                        (paused_at,) = cur.fetchone()
                 if drop_ledger:
                     cur.execute(st.drop_ledger, [run_id])
-                return True
+                return Committed(self._datetime(paused_at))
 
         return retry_deadlocks(commit, f"run {run_id}: pass commit")
 
@@ -438,7 +468,9 @@ class PostgresStore(Store):
                 )
             return cur.fetchone() is not None, True
 
-    def commit_pass(self, run_id: str, fence: int, fields: dict[str, Any], *, drop_ledger: bool) -> bool:
+    def commit_pass(
+        self, run_id: str, fence: int, fields: dict[str, Any], *, drop_ledger: bool, read_back: bool = False
+    ) -> Committed | None:
         wrapper, st = self.connection, self.statements
         text = (
             f"WITH fenced AS ({st.update_fenced_prefix}{st.assignments(fields)}{st.commit_where}"
@@ -446,8 +478,8 @@ class PostgresStore(Store):
         )
         with self._savepoint_if_nested(wrapper), wrapper.cursor() as cur:
             cur.execute(text, [*self._adapted(wrapper, fields), run_id, fence])
-            (count,) = cur.fetchone()
-            return bool(count == 1)
+            row = cur.fetchone()
+        return None if row is None else Committed(row[0])
 
     def _savepoint_if_nested(self, wrapper: Any) -> Any:
         """A savepoint around a one-statement write made inside the caller's transaction.

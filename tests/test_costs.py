@@ -10,6 +10,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_jobruns import run_due_jobs, start_job_run
+from django_jobruns.drive import drive_run
 from django_jobruns.models import JobRun, Status
 
 pytestmark = pytest.mark.django_db
@@ -43,6 +44,29 @@ def test_one_pass_of_k_fresh_steps_costs_at_most_2k_plus_6_statements(behaviour,
     expected = {"postgresql": k + 3, "sqlite": 2 * k + 5}.get(connection.vendor, 2 * k + 6)
     assert len(sql) == expected, "\n".join(sql)
     print(f"k={k}: {len(sql)} statements")
+
+
+def test_a_further_pass_under_the_same_claim_reads_nothing_again(behaviour, clock):
+    # The commit says what the next pass needs (the fence held; whether an
+    # operator paused the run), so a chained pass costs its steps and its
+    # commit only, with no read of the run between passes: per further pass, 2
+    # statements on PostgreSQL (the step, the commit with the ledger's drop), 4
+    # on SQLite (the fence check, the step, the commit, the drop) and 5 on
+    # MariaDB, whose commit reads the pause back in its transaction.
+    def handler(p):
+        p.step(f"s{p.cursor}", lambda: 1)
+        return {"cursor": (p.cursor or 0) + 1}
+
+    counts = {}
+    for passes in (1, 3):
+        behaviour[f"chain{passes}"] = handler
+        run, _ = start_job_run("tests.scripted", instance=f"chain{passes}")
+        with CaptureQueriesContext(connection) as ctx:
+            report = drive_run(run.id, now=clock, max_passes=passes)
+        assert report.advanced == passes
+        counts[passes] = len(statements(ctx))
+    per_pass = {"postgresql": 2, "sqlite": 4}.get(connection.vendor, 5)
+    assert counts[3] - counts[1] == 2 * per_pass, counts
 
 
 def test_a_memoized_step_issues_no_statement(behaviour, clock):

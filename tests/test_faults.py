@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 from collections import Counter
 from datetime import timedelta
@@ -58,7 +59,11 @@ def test_connection_terminated_mid_pass_is_reported_and_the_run_is_intact(tmp_pa
     # says the pass went unrecorded (exit 1, for the scheduler to surface).
     assert worker.returncode == 1, err
     assert out.startswith("attempted=1 advanced=0 completed=0 retrying=0 failed=0 ")
-    assert f"run {run.id}: the pass could not be recorded: OperationalError: terminating connection" in err
+    # The driver's wording of a terminated connection varies with timing (the
+    # server's message, or the closed socket found first); its class does not.
+    unrecorded = re.search(rf"^run {run.id}: the pass could not be recorded: (\w+): (.*)$", err, re.M)
+    assert unrecorded is not None, err
+    assert unrecorded[1] in ("OperationalError", "InterfaceError"), err
     after = JobRun.objects.get(pk=run.pk)
     assert after.status == Status.RUNNING and after.cursor is None and after.attempts == 0
     assert after.last_error is None and after.next_attempt_at is None
