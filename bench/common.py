@@ -13,6 +13,17 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 POSTGRES_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+MYSQL_HOST = {"host": "127.0.0.1", "port": 3306, "user": "root", "password": ""}
+
+
+def _mysql_admin(statement: str) -> None:
+    import MySQLdb  # the mysql extra's mysqlclient
+
+    admin = MySQLdb.connect(**MYSQL_HOST)
+    try:
+        admin.cursor().execute(statement)
+    finally:
+        admin.close()
 
 
 def fresh_database(db: str, name: str, folder: Path | None = None) -> str:
@@ -23,6 +34,10 @@ def fresh_database(db: str, name: str, folder: Path | None = None) -> str:
         for suffix in ("", "-wal", "-shm", "-journal"):
             Path(f"{path}{suffix}").unlink(missing_ok=True)
         return f"sqlite:///{path}"
+    if db == "mysql":
+        _mysql_admin(f"DROP DATABASE IF EXISTS {name}")
+        _mysql_admin(f"CREATE DATABASE {name} CHARACTER SET utf8mb4")
+        return f"mysql://root@127.0.0.1:3306/{name}"
     import psycopg
 
     with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as admin:
@@ -32,6 +47,8 @@ def fresh_database(db: str, name: str, folder: Path | None = None) -> str:
 
 
 def drop_database(db: str, name: str) -> None:
+    if db == "mysql":
+        _mysql_admin(f"DROP DATABASE IF EXISTS {name}")
     if db == "postgres":
         import psycopg
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The operator's pages and retention with many retained runs.
 
-    python bench/scale.py --db {sqlite,postgres} --size N [--rounds R] [--plans]
+    python bench/scale.py --db {sqlite,postgres,mysql} --size N [--rounds R] [--plans]
 
 Fills a fresh database with N runs (half done, a quarter failed with an error
 text, a quarter running; started and ended over the last 30 days, in id order
@@ -11,7 +11,9 @@ Django's test client, R rounds interleaved, and reports each page's median
 time and query count; ``--plans`` prints the plan of each page's main query.
 Last, it prunes the runs that ended more than 8 days ago and reports rows/s.
 Goals (issue "Ten million retained runs"): pages ≤ 200 ms at 1 000 000 on
-PostgreSQL, ≤ 500 ms on SQLite; prune ≥ 50 000 rows/s on PostgreSQL.
+PostgreSQL, ≤ 500 ms on SQLite and MariaDB; prune ≥ 50 000 rows/s on PostgreSQL.
+``--db mysql`` is MariaDB (or MySQL) at 127.0.0.1:3306 as root, with the
+``mysql`` extra installed.
 """
 
 from __future__ import annotations
@@ -38,6 +40,19 @@ FILL = {
             now() - (((%s - i)::bigint * 2592000) / %s) * interval '1 second', now(),
             CASE WHEN i % 4 <> 3 THEN now() - (((%s - i)::bigint * 2592000) / %s) * interval '1 second' END, 1
         FROM generate_series(1, %s) AS i
+    """,
+    "mysql": """
+        INSERT INTO django_jobruns_jobrun (id, module, job, instance, live, payload, status, cursor, counters,
+            attempts, last_error, started_at, updated_at, ended_at, lease_fence)
+        SELECT lpad(seq, 26, '0'), 'demo', 'import_catalog', CONCAT('supplier-', seq),
+            CASE WHEN seq % 4 = 3 THEN TRUE END, '{}',
+            CASE seq % 4 WHEN 0 THEN 'done' WHEN 1 THEN 'done' WHEN 2 THEN 'failed' ELSE 'running' END,
+            '1', '{"imported": 1}', 0,
+            CASE WHEN seq % 4 = 2
+                THEN CONCAT('UpstreamUnavailable: supplier ', seq, ' reset after page ', seq % 97) END,
+            UTC_TIMESTAMP(6) - INTERVAL (((%s - seq) * 2592000) DIV %s) SECOND, UTC_TIMESTAMP(6),
+            CASE WHEN seq % 4 <> 3 THEN UTC_TIMESTAMP(6) - INTERVAL (((%s - seq) * 2592000) DIV %s) SECOND END, 1
+        FROM seq_1_to_%s
     """,
     "sqlite": """
         WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < %s)
@@ -84,7 +99,7 @@ def _day(days_ago: int) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--db", choices=["sqlite", "postgres"], required=True)
+    parser.add_argument("--db", choices=["sqlite", "postgres", "mysql"], required=True)
     parser.add_argument("--size", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--plans", action="store_true")
@@ -102,7 +117,7 @@ def main() -> int:
     started = time.monotonic()
     with connection.cursor() as cur:
         cur.execute(FILL[connection.vendor].replace("%s", str(int(args.size))))
-        cur.execute("ANALYZE")
+        cur.execute("ANALYZE TABLE django_jobruns_jobrun" if connection.vendor == "mysql" else "ANALYZE")
     print(f"filled {args.size} runs in {time.monotonic() - started:.1f} s ({connection.vendor})")
     User.objects.create_superuser("bench", password="x")
     client = Client()
@@ -130,7 +145,9 @@ def main() -> int:
             )["sql"]
             with connection.cursor() as cur:
                 cur.execute(
-                    ("EXPLAIN (ANALYZE, BUFFERS) " if connection.vendor == "postgresql" else "EXPLAIN QUERY PLAN ")
+                    {"postgresql": "EXPLAIN (ANALYZE, BUFFERS) ", "mysql": "EXPLAIN "}.get(
+                        connection.vendor, "EXPLAIN QUERY PLAN "
+                    )
                     + main_query
                 )
                 plans[name] = "\n".join(" ".join(str(c) for c in row) for row in cur.fetchall())

@@ -29,6 +29,7 @@ from django.utils.timesince import timesince, timeuntil
 from django.views.decorators.http import require_POST
 from rangefilter.filters import DateRangeFilterBuilder
 
+from . import search
 from .exceptions import JobRunsError
 from .models import JobRun, JobStep, Status
 from .registry import registered_jobs
@@ -328,7 +329,9 @@ class JobRunAdmin(_AdminBase):
         if _ULID.fullmatch(term):
             # A pasted run id: that run, found by its primary key, not by scanning text for it.
             return queryset.filter(pk=term), False
-        return super().get_search_results(request, queryset, search_term)
+        # The index narrows to the candidates (SQLite: FTS5 trigrams); Django's
+        # own conditions, which PostgreSQL's trigram indexes serve, decide.
+        return super().get_search_results(request, search.narrow(queryset, search_term), search_term)
 
     def get_paginator(
         self, request: HttpRequest, queryset: Any, per_page: int, orphans: int = 0, allow_empty_first_page: bool = True

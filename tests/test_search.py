@@ -1,0 +1,123 @@
+"""The admin's text search: an index finds the candidates, Django's own conditions decide."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.contrib.admin.sites import site
+from django.db import connection
+from django.test import RequestFactory
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+from django.utils import timezone
+
+from django_jobruns import start_job_run
+from django_jobruns.models import JobRun, Status
+from django_jobruns.pruning import prune_job_runs
+
+pytestmark = pytest.mark.django_db
+
+CHANGELIST = "admin:django_jobruns_jobrun_changelist"
+sqlite_only = pytest.mark.skipif("connection.vendor != 'sqlite'", reason="the FTS5 index is SQLite's")
+
+
+def run_with(instance, error=None, *, ended_days_ago=None):
+    run, _ = start_job_run("tests.walk", instance=instance)
+    fields = {}
+    if error is not None:
+        fields["last_error"] = error
+    if ended_days_ago is not None:
+        fields.update(status=Status.FAILED, live=None, ended_at=timezone.now() - timedelta(days=ended_days_ago))
+    if fields:
+        JobRun.objects.filter(pk=run.pk).update(**fields)
+    return run
+
+
+def found(term):
+    """The runs the admin's search finds for ``term``, as Django's changelist gets them."""
+    admin = site._registry[JobRun]
+    request = RequestFactory().get("/")
+    queryset, _ = admin.get_search_results(request, JobRun.objects.all(), term)
+    return set(queryset.values_list("instance", flat=True))
+
+
+def plain(term):
+    """What Django's own search (``LIKE`` on every word, no index) finds for ``term``."""
+    from django.contrib.admin import ModelAdmin
+
+    queryset, _ = ModelAdmin.get_search_results(site._registry[JobRun], None, JobRun.objects.all(), term)
+    return set(queryset.values_list("instance", flat=True))
+
+
+def test_search_finds_exactly_what_djangos_search_finds():
+    run_with("supplier-7", "UpstreamUnavailable: supplier 7 reset after page 12")
+    run_with("supplier-77", "ConnectionError: gateway timeout")
+    run_with("Zürich-Depot", 'ValueError: "quoted" text, 100% sure')
+    run_with("ab")
+    run_with("plain")
+    terms = [
+        "supplier",
+        "SUPPLIER-7",
+        "lier-7",
+        "supplier 7 reset",
+        "gateway timeout",
+        "7",
+        "ab",
+        '"page 12"',
+        "zürich",
+        "100%",
+        '"quoted"',
+        "nothing-like-it",
+        "reset gateway",
+    ]
+    for term in terms:
+        assert found(term) == plain(term), term
+    assert found("supplier 7 reset") == {"supplier-7"}
+    assert found("lier-7") == {"supplier-7", "supplier-77"}
+
+
+@sqlite_only
+def test_sqlite_search_uses_the_trigram_index(admin_client):
+    run_with("supplier-42", "UpstreamUnavailable: supplier 42 reset")
+    with CaptureQueriesContext(connection) as ctx:
+        page = admin_client.get(reverse(CHANGELIST), {"q": "supplier 42 reset"}).content.decode()
+    assert "supplier-42" in page
+    searches = [q["sql"] for q in ctx.captured_queries if "jobruns_search" in q["sql"]]
+    assert searches and all("MATCH" in sql for sql in searches), searches
+    with connection.cursor() as cur:
+        cur.execute("EXPLAIN QUERY PLAN " + searches[-1].replace("%", "%%"))
+        plan = " ".join(str(row) for row in cur.fetchall())
+    assert "VIRTUAL TABLE INDEX" in plan, plan
+
+
+@sqlite_only
+def test_sqlite_search_index_follows_starts_errors_and_prunes():
+    run = run_with("keeper-1")
+    gone = run_with("pruned-1", "Boom: will be pruned", ended_days_ago=10)
+    assert found("keeper") == {"keeper-1"} and found("pruned") == {"pruned-1"}
+    JobRun.objects.filter(pk=run.pk).update(last_error="TimeoutError: slow upstream")
+    assert found("slow upstream") == {"keeper-1"}
+    JobRun.objects.filter(pk=run.pk).update(last_error=None)
+    assert found("slow upstream") == set()
+    assert prune_job_runs(older_than=timedelta(days=1)) == 1 and not JobRun.objects.filter(pk=gone.pk).exists()
+    # The index agrees with the table, row for row ('integrity-check' raises if not).
+    with connection.cursor() as cur:
+        cur.execute("INSERT INTO jobruns_search(jobruns_search, rank) VALUES ('integrity-check', 1)")
+        cur.execute("SELECT rowid FROM jobruns_search WHERE jobruns_search MATCH %s", ['"pruned"'])
+        assert cur.fetchall() == []
+
+
+@sqlite_only
+def test_sqlite_search_index_is_kept_by_triggers_after_every_migration():
+    # A later migration that rebuilds the runs table on SQLite drops its
+    # triggers with the old table: this fails until that migration adds them back.
+    with connection.cursor() as cur:
+        cur.execute("SELECT name, tbl_name FROM sqlite_master WHERE type = 'trigger' ORDER BY name")
+        triggers = cur.fetchall()
+    table = JobRun._meta.db_table
+    assert triggers == [
+        ("jobruns_search_delete", table),
+        ("jobruns_search_insert", table),
+        ("jobruns_search_update", table),
+    ]
