@@ -333,6 +333,15 @@ class JobRunAdmin(_AdminBase):
         # own conditions, which PostgreSQL's trigram indexes serve, decide.
         return super().get_search_results(request, search.narrow(queryset, search_term), search_term)
 
+    def get_ordering(self, request: HttpRequest) -> Any:
+        # A date range is read newest first in that date: the page is then the
+        # first rows of one range of the date's index, where "newest id first"
+        # would read and skip every run newer than the range to reach it.
+        for field in ("ended_at", "started_at"):
+            if any(key.startswith(f"{field}__range__") and value for key, value in request.GET.items()):
+                return (f"-{field}", "-id")
+        return super().get_ordering(request)
+
     def get_paginator(
         self, request: HttpRequest, queryset: Any, per_page: int, orphans: int = 0, allow_empty_first_page: bool = True
     ) -> EstimatedCountPaginator:

@@ -5,8 +5,9 @@ serve: at a million retained runs every search scans the table. Each database
 gets an index that finds the candidates; the admin's own ``LIKE`` conditions
 still decide, so what a search finds is exactly what Django's search finds.
 
-- PostgreSQL: trigram GIN indexes on ``UPPER(instance)`` and ``UPPER(last_error)``
-  (``pg_trgm``, migration 0004), which the planner uses for the ``LIKE`` itself.
+- PostgreSQL: trigram indexes on ``UPPER(instance)`` (GiST: instances are short
+  keys sharing a prefix, migration 0008) and ``UPPER(last_error)`` (GIN: long
+  texts, migration 0004), which the planner uses for the ``LIKE`` itself.
 - SQLite: an FTS5 table with the trigram tokenizer (migration 0007), an
   external-content index of the runs' ``instance`` and ``last_error`` kept by
   triggers. A search narrows the runs to the rows whose text holds every word
