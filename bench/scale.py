@@ -42,7 +42,7 @@ FILL = {
         FROM generate_series(1, %s) AS i
     """,
     "mysql": """
-        INSERT INTO django_jobruns_jobrun (id, module, job, instance, live, payload, status, cursor, counters,
+        INSERT INTO django_jobruns_jobrun (id, module, job, instance, live, payload, status, `cursor`, counters,
             attempts, last_error, started_at, updated_at, ended_at, lease_fence)
         SELECT lpad(seq, 26, '0'), 'demo', 'import_catalog', CONCAT('supplier-', seq),
             CASE WHEN seq % 4 = 3 THEN TRUE END, '{}',

@@ -309,6 +309,51 @@ def test_a1_large_unfiltered_changelist_pages_by_estimate_not_count(admin_client
     assert any(q["sql"].upper().startswith("SELECT COUNT(") for q in ctx.captured_queries)
 
 
+@pytest.mark.skipif(connection.vendor != "mysql", reason="InnoDB's estimate is MariaDB's and MySQL's")
+@pytest.mark.django_db(transaction=True)  # ANALYZE TABLE commits
+def test_a1_large_lists_on_mariadb_page_by_innodbs_estimate_not_count(admin_client, monkeypatch):
+    from django_jobruns.admin import EstimatedCountPaginator
+
+    monkeypatch.setattr(EstimatedCountPaginator, "ESTIMATE_ABOVE", 20)
+    now = timezone.now()
+    JobRun.objects.bulk_create(
+        [
+            JobRun(
+                module="tests",
+                job="walk",
+                instance=f"e{i}",
+                status=Status.DONE,
+                live=None,
+                started_at=now,
+                updated_at=now,
+                ended_at=now,
+            )
+            for i in range(120)
+        ]
+    )
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE TABLE django_jobruns_jobrun")
+        cur.fetchall()
+
+    def counted(ctx):
+        return any(q["sql"].upper().startswith("SELECT COUNT(") for q in ctx.captured_queries)
+
+    with CaptureQueriesContext(connection) as ctx:
+        response = admin_client.get(reverse(CHANGELIST))
+    page = response.content.decode()
+    assert response.status_code == 200 and "jobruns-estimated" in page and not counted(ctx)
+    assert re.search(r"\b1\d\d job runs", page), "InnoDB's estimate of 120 rows, near enough to number pages"
+    with CaptureQueriesContext(connection) as ctx:
+        response = admin_client.get(reverse(CHANGELIST), {"status__exact": "done"})
+    assert "jobruns-estimated" in response.content.decode() and not counted(ctx)
+    with CaptureQueriesContext(connection) as ctx:
+        response = admin_client.get(reverse(CHANGELIST), {"status__exact": "failed"})
+    assert "jobruns-estimated" not in response.content.decode() and counted(ctx), "expected few: counted"
+    with CaptureQueriesContext(connection) as ctx:
+        admin_client.get(reverse(CHANGELIST), {"q": "e1"})
+    assert counted(ctx), "searched: counted exactly"
+
+
 def steer_url(run):
     return reverse("admin:django_jobruns_jobrun_steer", args=[run.pk])
 

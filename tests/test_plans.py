@@ -138,12 +138,15 @@ def test_a_date_range_page_is_read_newest_first_along_its_date_index(admin_clien
             for i in range(300)
         ]
     )
-    with connection.cursor() as cur:
-        cur.execute("ANALYZE")
+    if connection.vendor != "mysql":  # MySQL's ANALYZE TABLE commits the test's transaction
+        with connection.cursor() as cur:
+            cur.execute("ANALYZE")
     day = (now - timedelta(days=1)).date().isoformat()  # 96 runs: more than a page
     params = {f"{field}__range__gte": day, f"{field}__range__lte": day}
     queries = captured(lambda: admin_client.get(reverse("admin:django_jobruns_jobrun_changelist"), params))
-    page = next(q for q in queries if q.startswith('SELECT "django_jobruns_jobrun"."id"') and "LIMIT" in q)
+    page = next(
+        q for q in queries if q.replace("`", '"').startswith('SELECT "django_jobruns_jobrun"."id"') and "LIMIT" in q
+    )
     assert index in plan(page), plan(page)
     response = admin_client.get(reverse("admin:django_jobruns_jobrun_changelist"), params)
     shown = [run.instance for run in response.context["cl"].result_list]
@@ -153,3 +156,32 @@ def test_a_date_range_page_is_read_newest_first_along_its_date_index(admin_clien
         reverse=True,
     )
     assert shown == [run.instance for run in expected][: len(shown)] and shown
+
+
+def test_the_change_view_finds_a_runs_restarts_through_an_index():
+    # Nearly every run has no predecessor: the lookup must not become a scan of
+    # the table (SQLite's statistics see one value shared by every run).
+    now = timezone.now()
+    JobRun.objects.bulk_create(
+        [
+            JobRun(
+                module="tests",
+                job="walk",
+                instance=f"r{i}",
+                status=Status.FAILED,
+                live=None,
+                started_at=now,
+                updated_at=now,
+                ended_at=now,
+            )
+            for i in range(2000)
+        ]
+    )
+    old = JobRun.objects.order_by("id").first()
+    JobRun.objects.filter(pk=JobRun.objects.order_by("-id").first().pk).update(restarted_from=old)
+    if connection.vendor != "mysql":  # MySQL's ANALYZE TABLE commits the test's transaction
+        with connection.cursor() as cur:
+            cur.execute("ANALYZE")
+    (sql,) = captured(lambda: list(old.restarts.order_by("id").values_list("id", flat=True)))
+    text = plan(sql)
+    assert "restarted_from" in text or "jobruns_restarts" in text, text
