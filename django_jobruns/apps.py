@@ -8,9 +8,13 @@ class JobRunsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.db.backends.signals import connection_created
         from django.utils.module_loading import autodiscover_modules
 
         from . import checks  # noqa: F401  (registers the system checks)
+        from .search import connect_index
+
+        connection_created.connect(connect_index, dispatch_uid="django_jobruns.search.connect_index")
 
         # Each installed app's jobs.py registers its jobs, as admin.py does.
         autodiscover_modules("jobs")

@@ -23,10 +23,13 @@ search never shows a run whose text does not match, whatever the index holds.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import DatabaseError, connections
 from django.db.models import QuerySet
 from django.utils.text import smart_split, unescape_string_literal
 
+from . import db
 from .models import JobRun
 
 #: The SQLite FTS5 table.
@@ -35,6 +38,26 @@ TABLE = "jobruns_search"
 MIN_WORD = 3
 
 _available: dict[str, bool] = {}
+
+
+def connect_index(sender: Any, connection: Any, **kwargs: Any) -> None:
+    """Open the SQLite search index on a new connection, before any transaction does.
+
+    SQLite connects a virtual table to a connection the first time a statement
+    names it, reading the table's configuration. Inside a DEFERRED transaction
+    -- what a fresh project has -- that read takes a shared lock before the
+    statement's write; a write that must then wait for another writer cannot
+    (SQLite refuses at once: "database is locked"). Every write of a run names
+    the index through its triggers, so the connection opens it here, outside
+    any transaction: one statement per new connection.
+    """
+    if connection.vendor != "sqlite" or connection.alias != db.alias():
+        return
+    with connection.cursor() as cur:
+        try:
+            cur.execute(f"SELECT rowid FROM {connection.ops.quote_name(TABLE)} WHERE rowid = 0")
+        except DatabaseError:
+            pass  # not migrated yet, or built without FTS5: nothing to open
 
 
 def _has_index(alias: str) -> bool:
