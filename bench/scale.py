@@ -70,6 +70,12 @@ FILL = {
 }
 
 
+KEPT = {
+    "postgres": "postgresql://postgres@127.0.0.1:5432/bench_scale",
+    "mysql": "mysql://root@127.0.0.1:3306/bench_scale",
+}
+
+
 def pages(size: int) -> dict[str, tuple[str, dict[str, str]]]:
     rare = size // 2 + 2 - (size // 2 + 2) % 4 + 2  # a failed run's number, about half-way
     changelist = "/admin/django_jobruns/jobrun/"
@@ -103,23 +109,35 @@ def main() -> int:
     parser.add_argument("--size", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--plans", action="store_true")
-    parser.add_argument("--keep", action="store_true", help="keep the database (PostgreSQL: bench_scale)")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the filled database (bench_scale) and skip the prune, for --reuse"
+    )
+    parser.add_argument("--reuse", action="store_true", help="measure a database an earlier --keep left (not SQLite)")
     args = parser.parse_args()
+    if args.reuse and args.db == "sqlite":
+        parser.error("--reuse needs PostgreSQL or MariaDB: the SQLite file lives in a temporary folder")
 
-    setup_django(fresh_database(args.db, "bench_scale"))
+    setup_django(KEPT[args.db] if args.reuse else fresh_database(args.db, "bench_scale"))
     from django.contrib.auth.models import User
     from django.db import connection
     from django.test import Client
     from django.test.utils import CaptureQueriesContext
 
     from django_jobruns import job_runs
+    from django_jobruns.models import JobRun
 
-    started = time.monotonic()
-    with connection.cursor() as cur:
-        cur.execute(FILL[connection.vendor].replace("%s", str(int(args.size))))
-        cur.execute("ANALYZE TABLE django_jobruns_jobrun" if connection.vendor == "mysql" else "ANALYZE")
-    print(f"filled {args.size} runs in {time.monotonic() - started:.1f} s ({connection.vendor})")
-    User.objects.create_superuser("bench", password="x")
+    if args.reuse:
+        found = JobRun.objects.count()
+        if found != args.size:
+            raise SystemExit(f"bench_scale holds {found} runs, not {args.size}: fill it again without --reuse")
+    else:
+        started = time.monotonic()
+        with connection.cursor() as cur:
+            cur.execute(FILL[connection.vendor].replace("%s", str(int(args.size))))
+            cur.execute("ANALYZE TABLE django_jobruns_jobrun" if connection.vendor == "mysql" else "ANALYZE")
+        print(f"filled {args.size} runs in {time.monotonic() - started:.1f} s ({connection.vendor})")
+    if not User.objects.filter(username="bench").exists():
+        User.objects.create_superuser("bench", password="x")
     client = Client()
     client.force_login(User.objects.get(username="bench"))
     rare = args.size // 2 + 2 - (args.size // 2 + 2) % 4 + 2
@@ -164,6 +182,9 @@ def main() -> int:
         for name, text in plans.items():
             print(f"\n### {name}\n```\n{text}\n```")
 
+    if args.keep:
+        return 0  # no prune: the database is kept as filled, for --reuse
+
     from datetime import timedelta
 
     from django_jobruns.pruning import prune_job_runs
@@ -172,9 +193,8 @@ def main() -> int:
     deleted = prune_job_runs(older_than=timedelta(days=8))
     seconds = time.perf_counter() - t0
     print(f"\nprune --older-than 8: deleted={deleted} seconds={seconds:.1f} rows_per_s={deleted / seconds:.0f}")
-    if not args.keep:
-        connection.close()
-        drop_database(args.db, "bench_scale")
+    connection.close()
+    drop_database(args.db, "bench_scale")
     return 0
 
 

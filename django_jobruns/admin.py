@@ -13,7 +13,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
-from django.contrib.admin.views.main import SEARCH_VAR
+from django.contrib.admin.views.main import PAGE_VAR, SEARCH_VAR, ChangeList
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import connections
@@ -90,12 +90,26 @@ class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
     estimated = False
     #: Whether a filtered list may be numbered by its estimate (not a searched one).
     estimate_filtered = True
+    #: Whether to read the first page before counting (a search shown from its first page).
+    read_first_page = False
+    #: The first page's rows, when reading them showed that they are all there is.
+    first_page_rows: list[Any] | None = None
 
     @cached_property
     def count(self) -> int:
         queryset = self.object_list
         if not isinstance(queryset, QuerySet):
             return int(super().count)
+        if self.read_first_page:
+            # A search for something rare reads the whole table, or its index,
+            # to find the few runs it matches -- once for the count and once
+            # more for the page. Read the page first: when it is not full, it
+            # is the count too. When it is, the count follows (and the scan
+            # that filled a page was short).
+            first = list(queryset[: self.per_page + 1])
+            if len(first) <= self.per_page:
+                self.first_page_rows = first
+                return len(first)
         vendor = connections[queryset.db].vendor
         if vendor not in ("postgresql", "mysql"):
             return int(super().count)
@@ -143,6 +157,16 @@ class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
             names = [column[0].lower() for column in cur.description]
             row = cur.fetchone()
         return int(row[names.index("rows")] or 0) if row is not None else 0
+
+
+class JobRunChangeList(ChangeList):
+    """The changelist, showing a search's first page from the rows its count already read."""
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        rows = getattr(self.paginator, "first_page_rows", None)
+        if rows is not None and not self.multi_page:
+            self.result_list = rows
 
 
 #: Characters of one stored value the change view shows at most; a note says what was cut.
@@ -362,6 +386,9 @@ class JobRunAdmin(_AdminBase):
         # own conditions, which PostgreSQL's trigram indexes serve, decide.
         return super().get_search_results(request, search.narrow(queryset, search_term), search_term)
 
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return JobRunChangeList
+
     def get_ordering(self, request: HttpRequest) -> Any:
         # A date range is read newest first in that date: the page is then the
         # first rows of one range of the date's index, where "newest id first"
@@ -375,7 +402,9 @@ class JobRunAdmin(_AdminBase):
         self, request: HttpRequest, queryset: Any, per_page: int, orphans: int = 0, allow_empty_first_page: bool = True
     ) -> EstimatedCountPaginator:
         paginator = EstimatedCountPaginator(queryset, per_page, orphans, allow_empty_first_page)
-        paginator.estimate_filtered = not request.GET.get(SEARCH_VAR)
+        searched = bool(request.GET.get(SEARCH_VAR))
+        paginator.estimate_filtered = not searched
+        paginator.read_first_page = searched and request.GET.get(PAGE_VAR, "1") in ("", "1")
         return paginator
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
