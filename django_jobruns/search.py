@@ -13,7 +13,11 @@ still decide, so what a search finds is exactly what Django's search finds.
   triggers. A search narrows the runs to the rows whose text holds every word
   of the term (words of three characters or more: a trigram index has nothing
   to say about shorter ones), then the ``LIKE`` conditions apply.
-- MariaDB/MySQL: no substring index; the ``LIKE`` scans.
+- MariaDB/MySQL: no substring index exists there, so migration 0010 keeps a
+  table of each run's three-character sequences (``jobruns_search_gram``, one
+  row per distinct sequence and run) by triggers. A search narrows the runs to
+  those holding a handful of the sequences of each word, found by a join the
+  optimizer starts from the rarest; then the ``LIKE`` conditions apply.
 
 The SQLite index follows the runs' rowids, which ``VACUUM`` keeps in practice;
 should they ever change (a table copied by hand, say), the statement
@@ -34,6 +38,10 @@ from .models import JobRun
 
 #: The SQLite FTS5 table.
 TABLE = "jobruns_search"
+#: The MariaDB/MySQL table of sequences.
+GRAMS = "jobruns_search_gram"
+#: At most this many sequences are looked up for one search (a join each).
+MAX_GRAMS = 8
 #: The words a trigram index can find: three characters or more.
 MIN_WORD = 3
 
@@ -61,11 +69,17 @@ def connect_index(sender: Any, connection: Any, **kwargs: Any) -> None:
 
 
 def _has_index(alias: str) -> bool:
-    """Whether the SQLite search index exists on ``alias`` (looked up once per process)."""
+    """Whether the search index exists on ``alias`` (looked up once per process)."""
     found = _available.get(alias)
     if found is None:
         with connections[alias].cursor() as cur:
-            cur.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = %s", [TABLE])
+            if connections[alias].vendor == "sqlite":
+                cur.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = %s", [TABLE])
+            else:
+                cur.execute(
+                    "SELECT 1 FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = %s",
+                    [GRAMS],
+                )
             found = _available[alias] = cur.fetchone() is not None
     return found
 
@@ -82,9 +96,9 @@ def words(term: str) -> list[str]:
 
 
 def narrow(queryset: QuerySet[JobRun], term: str) -> QuerySet[JobRun]:
-    """Narrow ``queryset`` to the runs the search index says may match ``term`` (SQLite; others unchanged)."""
+    """Narrow ``queryset`` to the runs the search index says may match ``term`` (PostgreSQL: unchanged)."""
     alias = queryset.db
-    if connections[alias].vendor != "sqlite":
+    if connections[alias].vendor not in ("sqlite", "mysql"):
         return queryset
     indexable = [word for word in words(term) if len(word) >= MIN_WORD]
     if not indexable:
@@ -94,6 +108,8 @@ def narrow(queryset: QuerySet[JobRun], term: str) -> QuerySet[JobRun]:
             return queryset
     except DatabaseError:
         return queryset
+    if connections[alias].vendor == "mysql":
+        return _narrow_by_grams(queryset, indexable)
     # Each word a phrase of its trigrams, all of them required, in either column.
     match = " AND ".join('"' + word.replace('"', '""') + '"' for word in indexable)
     quote = connections[alias].ops.quote_name
@@ -101,4 +117,39 @@ def narrow(queryset: QuerySet[JobRun], term: str) -> QuerySet[JobRun]:
     return queryset.extra(  # noqa: S610 -- the only way to name SQLite's rowid; the term is a parameter
         where=[f"{table}.rowid IN (SELECT rowid FROM {quote(TABLE)} WHERE {quote(TABLE)} MATCH %s)"],
         params=[match],
+    )
+
+
+def _spread(word: str) -> list[str]:
+    """The distinct sequences of ``word``: its last, first and middle ones first, then the rest."""
+    grams = list(dict.fromkeys(word[i : i + 3] for i in range(len(word) - 2)))
+    return list(dict.fromkeys([grams[-1], grams[0], grams[len(grams) // 2], *grams]))
+
+
+def chosen_grams(words: list[str]) -> list[str]:
+    """The sequences a search looks up: taken from each word in turn, at most ``MAX_GRAMS``.
+
+    Any of a word's sequences is present in every run that holds the word, so a
+    few of them narrow as safely as all; spread over the word and over the
+    words, they likely include a rare one, from which the join starts.
+    """
+    queues = [_spread(word) for word in words]
+    chosen: list[str] = []
+    while any(queues) and len(chosen) < MAX_GRAMS:
+        for queue in queues:
+            if queue and len(chosen) < MAX_GRAMS:
+                gram = queue.pop(0)
+                if gram not in chosen:
+                    chosen.append(gram)
+    return chosen
+
+
+def _narrow_by_grams(queryset: QuerySet[JobRun], indexable: list[str]) -> QuerySet[JobRun]:
+    grams = chosen_grams(indexable)
+    quote = connections[queryset.db].ops.quote_name
+    table, pk = quote(JobRun._meta.db_table), quote(str(JobRun._meta.pk.column))
+    joins = " ".join(f"JOIN {GRAMS} g{n} ON g{n}.gram = %s AND g{n}.run_id = g0.run_id" for n in range(1, len(grams)))
+    return queryset.extra(  # noqa: S610 -- a join over the sequences table, which has no model; terms are parameters
+        where=[f"{table}.{pk} IN (SELECT g0.run_id FROM {GRAMS} g0 {joins} WHERE g0.gram = %s)"],
+        params=[*grams[1:], grams[0]],
     )

@@ -121,3 +121,78 @@ def test_sqlite_search_index_is_kept_by_triggers_after_every_migration():
         ("jobruns_search_insert", table),
         ("jobruns_search_update", table),
     ]
+
+
+mysql_only = pytest.mark.skipif("connection.vendor != 'mysql'", reason="the sequences table is MariaDB's/MySQL's")
+
+
+def stored_grams(*runs):
+    """The sequences table's rows of ``runs``, as {run id: {sequence, …}} (lower-cased: its collation ignores case)."""
+    ids = [run.pk for run in runs]
+    with connection.cursor() as cur:
+        cur.execute(
+            f"SELECT run_id, gram FROM jobruns_search_gram WHERE run_id IN ({', '.join(['%s'] * len(ids))})", ids
+        )
+        rows = cur.fetchall()
+    grams: dict[str, set[str]] = {}
+    for run_id, gram in rows:
+        grams.setdefault(run_id, set()).add(gram.lower())
+    return grams
+
+
+def expected_grams(*runs):
+    wanted = {}
+    for run in runs:
+        run.refresh_from_db()
+        texts = [text.lower() for text in (run.instance, run.last_error) if text]
+        wanted[run.pk] = {text[i : i + 3] for text in texts for i in range(len(text) - 2)}
+    return wanted
+
+
+@mysql_only
+def test_mariadb_search_looks_up_sequences_by_their_index(admin_client):
+    run_with("supplier-42", "UpstreamUnavailable: supplier 42 reset")
+    run_with("supplier-43", "UpstreamUnavailable: supplier 43 reset")
+    with CaptureQueriesContext(connection) as ctx:
+        page = admin_client.get(reverse(CHANGELIST), {"q": "supplier 42 reset"}).content.decode()
+    assert "supplier-42" in page and "supplier-43" not in page
+    searches = [q["sql"] for q in ctx.captured_queries if "jobruns_search_gram" in q["sql"]]
+    assert searches, [q["sql"] for q in ctx.captured_queries]
+    with connection.cursor() as cur:
+        cur.execute("EXPLAIN " + searches[-1].replace("%", "%%"))
+        columns = [c[0] for c in cur.description]
+        plan = [dict(zip(columns, row, strict=True)) for row in cur.fetchall()]
+    grams = [row for row in plan if str(row["table"]).startswith("g")]
+    # Every sequence looked up through the table's primary key (gram, run_id), none scanned.
+    assert grams and all(row["key"] == "PRIMARY" and row["type"] != "ALL" for row in grams), plan
+
+
+@mysql_only
+def test_mariadb_sequences_follow_starts_errors_and_prunes():
+    run = run_with("keeper-1")
+    gone = run_with("pruned-1", "Boom: will be pruned", ended_days_ago=10)
+    assert stored_grams(run, gone) == expected_grams(run, gone)
+    assert found("keeper") == {"keeper-1"} and found("pruned") == {"pruned-1"}
+    JobRun.objects.filter(pk=run.pk).update(last_error="TimeoutError: slow upstream")
+    assert stored_grams(run, gone) == expected_grams(run, gone)
+    assert found("slow upstream") == {"keeper-1"}
+    JobRun.objects.filter(pk=run.pk).update(last_error=None)
+    assert stored_grams(run, gone) == expected_grams(run, gone) and found("slow upstream") == set()
+    assert prune_job_runs(older_than=timedelta(days=1)) == 1 and not JobRun.objects.filter(pk=gone.pk).exists()
+    assert stored_grams(run, gone) == expected_grams(run)
+
+
+@mysql_only
+def test_mariadb_search_table_is_kept_by_triggers():
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT trigger_name, event_object_table FROM information_schema.triggers "
+            "WHERE trigger_schema = DATABASE() ORDER BY trigger_name"
+        )
+        triggers = [tuple(row) for row in cur.fetchall()]
+    table = JobRun._meta.db_table
+    assert triggers == [
+        ("jobruns_search_gram_delete", table),
+        ("jobruns_search_gram_insert", table),
+        ("jobruns_search_gram_update", table),
+    ]
