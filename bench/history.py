@@ -4,9 +4,10 @@
     python bench/history.py --db {sqlite,postgres} [--rounds R] [--history N]
 
 Two databases side by side: one retaining no finished runs, one retaining N
-(default 100 000). Each round, in each, 10 runs are started and one
-``run_due_jobs`` pass drives them (one pass of five steps each), timed; the
-rounds alternate between the two databases. Medians are compared, of the
+(default 100 000). Each round, in each, 100 runs are started, timed, and
+deleted; then 10 runs are started and one ``run_due_jobs`` pass drives them
+(one pass of five steps each), timed; the rounds alternate between the two
+databases. Medians are compared, of the
 starts and of the drive. The query plan of the due read is printed for the
 large one. The history is written by one INSERT ... SELECT, so ten million runs
 take minutes, not hours. The last line: ``ratio_retained_to_0=…
@@ -34,6 +35,7 @@ from bench.common import (  # noqa: E402
 )
 
 DUE = 10
+STARTS = 100
 
 
 FILL = {
@@ -84,10 +86,14 @@ def phase_drive(url: str, repeats: int) -> dict[str, object]:
 
     starts, drives = [], []
     for repeat in range(repeats):
+        # Starts, timed on their own: STARTS of them, then deleted (a sample of 10 is too small to tell).
         began = time.perf_counter()
+        for i in range(STARTS):
+            start_job_run("perf.five_steps", instance=f"start-{repeat}-{i}")
+        starts.append(time.perf_counter() - began)
+        JobRun.objects.filter(instance__startswith="start-").delete()
         for i in range(DUE):
             start_job_run("perf.five_steps", instance=f"due-{repeat}-{i}")
-        starts.append(time.perf_counter() - began)
         began = time.perf_counter()
         report = run_due_jobs(limit=DUE)
         drives.append(time.perf_counter() - began)
@@ -106,6 +112,12 @@ def main() -> int:
     parser.add_argument("--db", choices=["sqlite", "postgres"], required=True)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--history", type=int, default=100_000)
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the two filled databases (bench_history_0/1), for --reuse"
+    )
+    parser.add_argument(
+        "--reuse", action="store_true", help="measure the databases an earlier --keep left (PostgreSQL)"
+    )
     parser.add_argument("--phase", choices=["fill", "drive"], help=argparse.SUPPRESS)
     parser.add_argument("--name", help=argparse.SUPPRESS)
     parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
@@ -117,7 +129,15 @@ def main() -> int:
         print(json.dumps(phase_drive(args.name, 5)))
         return 0
 
-    targets = fill_databases("history.py", args.db, "history", [0, args.history])
+    if (args.keep or args.reuse) and args.db != "postgres":
+        parser.error("--keep and --reuse need PostgreSQL: the SQLite files live in a temporary folder")
+    if args.reuse:
+        targets = {
+            count: f"postgresql://postgres@127.0.0.1:5432/bench_history_{i}"
+            for i, count in enumerate([0, args.history])
+        }
+    else:
+        targets = fill_databases("history.py", args.db, "history", [0, args.history])
     results = interleave(
         args.rounds,
         targets,
@@ -128,11 +148,12 @@ def main() -> int:
     plan = str(results[args.history][-1]["plan"])
     small, big = median(samples[0]), median(samples[args.history])
     small_starts, big_starts = median(start_samples[0]), median(start_samples[args.history])
-    drop_databases(args.db, "history", [0, args.history])
+    if not (args.keep or args.reuse):
+        drop_databases(args.db, "history", [0, args.history])
     print(f"due read plan with {args.history} retained: {plan}")
     print(
         f"db={args.db} rounds={args.rounds} drive_of_{DUE}_runs_ms: retained_0={small * 1000:.1f} "
-        f"retained_{args.history}={big * 1000:.1f}; starts_of_{DUE}_ms: retained_0={small_starts * 1000:.1f} "
+        f"retained_{args.history}={big * 1000:.1f}; starts_of_{STARTS}_ms: retained_0={small_starts * 1000:.1f} "
         f"retained_{args.history}={big_starts * 1000:.1f} (medians)"
     )
     print(f"ratio_retained_to_0={big / small:.2f} starts_ratio_retained_to_0={big_starts / small_starts:.2f}")

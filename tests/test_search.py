@@ -196,3 +196,15 @@ def test_mariadb_search_table_is_kept_by_triggers():
         ("jobruns_search_gram_insert", table),
         ("jobruns_search_gram_update", table),
     ]
+
+
+@mysql_only
+def test_mariadb_sequences_of_a_text_longer_than_the_positions_table():
+    # The trigger selects the first sequences from a table of positions and loops over the rest.
+    from importlib import import_module
+
+    positions = import_module("django_jobruns.migrations.0010_mysql_search").POSITIONS
+    tail = "needle-at-the-end"
+    run = run_with("long-1", "x" * (positions + 50) + tail)
+    assert stored_grams(run) == expected_grams(run)
+    assert found(tail) == plain(tail) == {"long-1"}

@@ -29,15 +29,23 @@ logger = logging.getLogger("django_jobruns")
 TABLE = "jobruns_search_gram"
 TRIGGERS = ("jobruns_search_gram_insert", "jobruns_search_gram_update", "jobruns_search_gram_delete")
 BATCH = 2000
+#: A table of the numbers 1..POSITIONS, from which a trigger selects a text's sequences in one statement.
+POSITIONS_TABLE = "jobruns_search_position"
+POSITIONS = 4096
 
 
-def _loop(column, run):
-    """A trigger's loop inserting the sequences of ``column`` of row ``run`` (NEW or OLD)."""
+def _add(column, run):
+    """A trigger's statements inserting the sequences of ``column`` of row ``run`` (NEW).
+
+    One ``INSERT ... SELECT`` over the positions table covers the first
+    ``POSITIONS`` characters; a loop covers the rest of a longer text.
+    """
+    text, key = f"{run}.{column}", f"{run}.id"
+    insert = f"INSERT IGNORE INTO {TABLE} (gram, run_id)"
     return (
-        f"SET i = 1; "
-        f"WHILE i <= CHAR_LENGTH({run}.{column}) - 2 DO "
-        f"INSERT IGNORE INTO {TABLE} (gram, run_id) VALUES (SUBSTRING({run}.{column}, i, 3), {run}.id); "
-        f"SET i = i + 1; "
+        f"{insert} SELECT SUBSTRING({text}, n, 3), {key} FROM {POSITIONS_TABLE} WHERE n <= CHAR_LENGTH({text}) - 2; "
+        f"SET i = {POSITIONS + 1}; "
+        f"WHILE i <= CHAR_LENGTH({text}) - 2 DO {insert} VALUES (SUBSTRING({text}, i, 3), {key}); SET i = i + 1; "
         f"END WHILE;"
     )
 
@@ -45,7 +53,7 @@ def _loop(column, run):
 def statements(table, quote, collation, id_type):
     run = quote(table)
     instance, error = quote("instance"), quote("last_error")
-    add = f"{_loop(instance, 'NEW')} {_loop(error, 'NEW')}"
+    add = f"{_add(instance, 'NEW')} {_add(error, 'NEW')}"
     insert, update, delete = TRIGGERS
     return [
         f"CREATE TABLE IF NOT EXISTS {TABLE} ("
@@ -95,6 +103,8 @@ def forwards(apps, schema_editor):
             return
         id_column = _column(cur, table, "id")
         id_type = f"{id_column[1]} CHARACTER SET utf8mb4 COLLATE {id_column[0]}"
+        cur.execute(f"CREATE TABLE IF NOT EXISTS {POSITIONS_TABLE} (n SMALLINT UNSIGNED NOT NULL PRIMARY KEY)")
+        cur.executemany(f"INSERT IGNORE INTO {POSITIONS_TABLE} (n) VALUES (%s)", [(n,) for n in range(1, POSITIONS + 1)])
         try:
             for statement in statements(table, connection.ops.quote_name, collation, id_type):
                 cur.execute(statement)
@@ -102,7 +112,7 @@ def forwards(apps, schema_editor):
             logger.warning("django_jobruns: no search index for the admin (MariaDB/MySQL triggers: %s)", exc)
             for name in TRIGGERS:
                 cur.execute(f"DROP TRIGGER IF EXISTS {name}")
-            cur.execute(f"DROP TABLE IF EXISTS {TABLE}")
+            cur.execute(f"DROP TABLE IF EXISTS {TABLE}, {POSITIONS_TABLE}")
             return
         # The runs already there, a batch at a time (the triggers keep the rest).
         after = ""
@@ -130,7 +140,7 @@ def backwards(apps, schema_editor):
     with connection.cursor() as cur:
         for name in TRIGGERS:
             cur.execute(f"DROP TRIGGER IF EXISTS {name}")
-        cur.execute(f"DROP TABLE IF EXISTS {TABLE}")
+        cur.execute(f"DROP TABLE IF EXISTS {TABLE}, {POSITIONS_TABLE}")
 
 
 class Migration(migrations.Migration):
