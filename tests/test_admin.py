@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from django_jobruns import start_job_run
 from django_jobruns.models import JobRun, JobStep, Status
+from tests.factories import finished_runs
 
 pytestmark = pytest.mark.django_db
 
@@ -66,23 +67,7 @@ def test_a1_changelist_query_count_does_not_grow_with_rows(admin_client):
     for i in range(10):
         failed_run(f"a{i}")
     small, _ = changelist_queries(admin_client)
-    now = timezone.now()
-    JobRun.objects.bulk_create(
-        [
-            JobRun(
-                module="tests",
-                job="walk",
-                instance=f"b{i}",
-                status=Status.DONE,
-                live=None,
-                counters='{"n": 1}',
-                started_at=now,
-                updated_at=now,
-                ended_at=now,
-            )
-            for i in range(190)
-        ]
-    )
+    finished_runs(190, "b", counters='{"n": 1}')
     large, response = changelist_queries(admin_client)
     assert small == large, f"{small} queries at 10 runs, {large} at 200"
     print(f"changelist queries: {small} at 10 runs, {large} at 200 runs")
@@ -294,22 +279,7 @@ def test_a1_large_unfiltered_changelist_pages_by_estimate_not_count(admin_client
     from django_jobruns.admin import EstimatedCountPaginator
 
     monkeypatch.setattr(EstimatedCountPaginator, "ESTIMATE_ABOVE", 20)
-    now = timezone.now()
-    JobRun.objects.bulk_create(
-        [
-            JobRun(
-                module="tests",
-                job="walk",
-                instance=f"e{i}",
-                status=Status.DONE,
-                live=None,
-                started_at=now,
-                updated_at=now,
-                ended_at=now,
-            )
-            for i in range(120)
-        ]
-    )
+    finished_runs(120, "e")
     with connection.cursor() as cur:
         cur.execute("ANALYZE django_jobruns_jobrun")
     with CaptureQueriesContext(connection) as ctx:
@@ -342,22 +312,7 @@ def test_a1_large_lists_on_mariadb_page_by_innodbs_estimate_not_count(admin_clie
     from django_jobruns.admin import EstimatedCountPaginator
 
     monkeypatch.setattr(EstimatedCountPaginator, "ESTIMATE_ABOVE", 20)
-    now = timezone.now()
-    JobRun.objects.bulk_create(
-        [
-            JobRun(
-                module="tests",
-                job="walk",
-                instance=f"e{i}",
-                status=Status.DONE,
-                live=None,
-                started_at=now,
-                updated_at=now,
-                ended_at=now,
-            )
-            for i in range(120)
-        ]
-    )
+    finished_runs(120, "e")
     with connection.cursor() as cur:
         cur.execute("ANALYZE TABLE django_jobruns_jobrun")
         cur.fetchall()

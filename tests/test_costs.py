@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from django_jobruns import run_due_jobs, start_job_run
 from django_jobruns.drive import drive_run
-from django_jobruns.models import JobRun, Status
+from tests.factories import finished_runs
 
 pytestmark = pytest.mark.django_db
 
@@ -113,21 +113,7 @@ def _plan(now) -> str:
 
 def test_d9_due_read_uses_the_due_index_with_a_large_history():
     now = timezone.now()
-    JobRun.objects.bulk_create(
-        [
-            JobRun(
-                module="tests",
-                job="walk",
-                instance=f"old{i}",
-                status=Status.DONE,
-                live=None,
-                started_at=now,
-                updated_at=now,
-                ended_at=now,
-            )
-            for i in range(2000)
-        ]
-    )
+    finished_runs(2000, "old")
     start_job_run("tests.walk", instance="live")
     if connection.vendor != "mysql":  # MySQL's ANALYZE TABLE commits the test's transaction
         with connection.cursor() as cur:

@@ -13,6 +13,7 @@ from django.utils import timezone
 from django_jobruns import job_runs
 from django_jobruns.models import JobRun, Status
 from django_jobruns.pruning import prune_job_runs
+from tests.factories import finished_runs
 
 pytestmark = pytest.mark.django_db
 
@@ -93,21 +94,9 @@ def test_the_due_read_is_a_range_of_the_due_order_index():
     from django_jobruns.store import store
 
     now = timezone.now()
+    finished_runs(2000, "h", at=now)
     JobRun.objects.bulk_create(
-        [
-            JobRun(
-                module="tests",
-                job="walk",
-                instance=f"h{i}",
-                status=Status.DONE,
-                live=None,
-                started_at=now,
-                updated_at=now,
-                ended_at=now,
-            )
-            for i in range(2000)
-        ]
-        + [JobRun(module="tests", job="walk", instance=f"r{i}", started_at=now, updated_at=now) for i in range(1000)]
+        [JobRun(module="tests", job="walk", instance=f"r{i}", started_at=now, updated_at=now) for i in range(1000)]
     )
     with connection.cursor() as cur:
         cur.execute("ANALYZE")
@@ -161,22 +150,7 @@ def test_a_date_range_page_is_read_newest_first_along_its_date_index(admin_clien
 def test_the_change_view_finds_a_runs_restarts_through_an_index():
     # Nearly every run has no predecessor: the lookup must not become a scan of
     # the table (SQLite's statistics see one value shared by every run).
-    now = timezone.now()
-    JobRun.objects.bulk_create(
-        [
-            JobRun(
-                module="tests",
-                job="walk",
-                instance=f"r{i}",
-                status=Status.FAILED,
-                live=None,
-                started_at=now,
-                updated_at=now,
-                ended_at=now,
-            )
-            for i in range(2000)
-        ]
-    )
+    finished_runs(2000, "r", status=Status.FAILED)
     old = JobRun.objects.order_by("id").first()
     JobRun.objects.filter(pk=JobRun.objects.order_by("-id").first().pk).update(restarted_from=old)
     if connection.vendor != "mysql":  # MySQL's ANALYZE TABLE commits the test's transaction
