@@ -208,3 +208,20 @@ def test_mariadb_sequences_of_a_text_longer_than_the_positions_table():
     run = run_with("long-1", "x" * (positions + 50) + tail)
     assert stored_grams(run) == expected_grams(run)
     assert found(tail) == plain(tail) == {"long-1"}
+
+
+@mysql_only
+@pytest.mark.django_db(transaction=True)  # DDL commits on MariaDB: the test's rows are flushed after it
+def test_mariadb_search_migration_run_again_keeps_its_index():
+    # A migration that died after creating its triggers is run again: it must
+    # make them afresh, not fail on them and leave the search without its index.
+    from importlib import import_module
+
+    from django.apps import apps
+
+    migration = import_module("django_jobruns.migrations.0010_mysql_search")
+    run = run_with("again-1", "Boom: run again")
+    with connection.schema_editor(atomic=False) as editor:
+        migration.forwards(apps, editor)
+    test_mariadb_search_table_is_kept_by_triggers()
+    assert stored_grams(run) == expected_grams(run) and found("run again") == {"again-1"}

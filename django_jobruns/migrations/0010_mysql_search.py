@@ -106,6 +106,9 @@ def forwards(apps, schema_editor):
         cur.execute(f"CREATE TABLE IF NOT EXISTS {POSITIONS_TABLE} (n SMALLINT UNSIGNED NOT NULL PRIMARY KEY)")
         cur.executemany(f"INSERT IGNORE INTO {POSITIONS_TABLE} (n) VALUES (%s)", [(n,) for n in range(1, POSITIONS + 1)])
         try:
+            # A migration that died half-way is run again: the triggers are made afresh.
+            for name in TRIGGERS:
+                cur.execute(f"DROP TRIGGER IF EXISTS {name}")
             for statement in statements(table, connection.ops.quote_name, collation, id_type):
                 cur.execute(statement)
         except Exception as exc:  # noqa: BLE001 -- triggers refused (binary logging without the privilege)
