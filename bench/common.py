@@ -101,17 +101,21 @@ def interleave(rounds: int, targets: dict[Any, Any], measure: Any) -> dict[Any, 
     return samples
 
 
+def filled_postgres_databases(prefix: str, counts: list[int]) -> dict[int, str]:
+    """The URLs, by count, of the PostgreSQL databases ``fill_databases`` makes (and ``--keep`` leaves)."""
+    return {count: f"postgresql://postgres@127.0.0.1:5432/bench_{prefix}_{index}" for index, count in enumerate(counts)}
+
+
 def fill_databases(script: str, db: str, prefix: str, counts: list[int]) -> dict[int, str]:
     """Create one database per count, filled by ``script --phase fill``; return their URLs by count."""
     folder = Path(tempfile.mkdtemp(prefix=f"jobruns-{prefix}-"))
-    urls = {}
+    urls = filled_postgres_databases(prefix, counts) if db != "sqlite" else {}
     for index, count in enumerate(counts):
         name = f"bench_{prefix}_{index}"
         target = str(folder / name) if db == "sqlite" else name
         run_phase(script, "--phase", "fill", "--db", db, "--name", target, "--count", str(count))
-        urls[count] = (
-            f"sqlite:///{target}.sqlite3" if db == "sqlite" else f"postgresql://postgres@127.0.0.1:5432/{name}"
-        )
+        if db == "sqlite":
+            urls[count] = f"sqlite:///{target}.sqlite3"
     return urls
 
 

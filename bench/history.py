@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import (  # noqa: E402
     drop_databases,
     fill_databases,
+    filled_postgres_databases,
     fresh_database,
     interleave,
     median,
@@ -75,7 +76,7 @@ def phase_fill(db: str, name: str, history: int) -> dict[str, object]:
 
 
 def phase_drive(url: str, repeats: int) -> dict[str, object]:
-    """Start 10 runs, then drive them in one pass, ``repeats`` times; report the medians of each."""
+    """Time STARTS starts, then a pass over DUE due runs, ``repeats`` times; report the medians of each."""
     setup_django(url)
     from django.db import connection
     from django.utils import timezone
@@ -132,10 +133,7 @@ def main() -> int:
     if (args.keep or args.reuse) and args.db != "postgres":
         parser.error("--keep and --reuse need PostgreSQL: the SQLite files live in a temporary folder")
     if args.reuse:
-        targets = {
-            count: f"postgresql://postgres@127.0.0.1:5432/bench_history_{i}"
-            for i, count in enumerate([0, args.history])
-        }
+        targets = filled_postgres_databases("history", [0, args.history])
     else:
         targets = fill_databases("history.py", args.db, "history", [0, args.history])
     results = interleave(

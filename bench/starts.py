@@ -20,15 +20,17 @@ import argparse
 import json
 import sys
 import time
+from importlib import import_module
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import drop_database, fresh_database, interleave, median, run_phase, setup_django  # noqa: E402
 
-TRIGGERS = {
-    "sqlite": ("jobruns_search_insert", "jobruns_search_delete", "jobruns_search_update"),
-    "mysql": ("jobruns_search_gram_insert", "jobruns_search_gram_update", "jobruns_search_gram_delete"),
+#: The migration that creates each database's search index and its triggers.
+MIGRATION = {
+    "sqlite": "django_jobruns.migrations.0007_sqlite_search",
+    "mysql": "django_jobruns.migrations.0010_mysql_search",
 }
 
 
@@ -42,7 +44,7 @@ def phase(db: str, variant: str, starts: int, round_: int) -> dict[str, float]:
 
     if variant == "without":
         with connection.cursor() as cur:
-            for trigger in TRIGGERS[db]:
+            for trigger in import_module(MIGRATION[db]).TRIGGERS:
                 cur.execute(f"DROP TRIGGER IF EXISTS {trigger}")
     began = time.perf_counter()
     for i in range(starts):

@@ -131,12 +131,12 @@ class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
             )
             params: list[Any] = [self.ESTIMATE_ABOVE, table]
         else:
-            estimate = (
-                "SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s"
+            sql = (
+                f"SELECT CASE WHEN estimate.n > %s THEN estimate.n ELSE (SELECT COUNT(*) FROM {table}) END "
+                "FROM (SELECT TABLE_ROWS AS n FROM information_schema.TABLES "
+                "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s) AS estimate"
             )
-            sql = f"SELECT CASE WHEN ({estimate}) > %s THEN ({estimate}) ELSE (SELECT COUNT(*) FROM {table}) END"
-            name = queryset.model._meta.db_table
-            params = [name, self.ESTIMATE_ABOVE, name]
+            params = [self.ESTIMATE_ABOVE, queryset.model._meta.db_table]
         with wrapper.cursor() as cur:
             cur.execute(sql, params)
             row = cur.fetchone()

@@ -121,15 +121,15 @@ def forwards(apps, schema_editor):
         after = ""
         q = connection.ops.quote_name
         while True:
-            cur.execute(f"SELECT id FROM {q(table)} WHERE id > %s ORDER BY id LIMIT {BATCH}", [after])
-            ids = [row[0] for row in cur.fetchall()]
-            if not ids:
+            cur.execute(
+                f"SELECT id, instance, last_error FROM {q(table)} WHERE id > %s ORDER BY id LIMIT {BATCH}", [after]
+            )
+            batch = cur.fetchall()
+            if not batch:
                 break
-            after = ids[-1]
-            placeholders = ", ".join(["%s"] * len(ids))
+            after = batch[-1][0]
             rows = []
-            cur.execute(f"SELECT id, instance, last_error FROM {q(table)} WHERE id IN ({placeholders})", ids)
-            for run_id, *texts in cur.fetchall():
+            for run_id, *texts in batch:
                 grams = {text[i : i + 3] for text in texts if text for i in range(len(text) - 2)}
                 rows.extend((gram, run_id) for gram in grams)
             if rows:
