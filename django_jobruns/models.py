@@ -47,7 +47,7 @@ class JobRunQuerySet(models.QuerySet["JobRun"]):
         return self.filter(module=module, job=job, instance=instance)
 
     def due(self, now: datetime) -> JobRunQuerySet:
-        """Running, unpaused runs whose backoff has passed and whose lease is free.
+        """Running, unpaused runs whose backoff has passed and whose lease is free: :meth:`JobRun.is_due` in SQL.
 
         The drive reads them :meth:`in_due_order`. Its cost does not grow with
         the finished runs the table retains: the read is a range over the runs
@@ -145,6 +145,24 @@ class JobRun(models.Model):
     @property
     def label(self) -> str:
         return f"{self.module}.{self.job}"
+
+    def lease_free(self, now: datetime) -> bool:
+        """Whether no claim holds the run at ``now``: never leased, released, or lapsed (an expired claim is unheld)."""
+        return self.lease_expires_at is None or self.lease_expires_at <= now
+
+    def is_due(self, now: datetime) -> bool:
+        """Whether a drive may take the run at ``now``: the one definition of due.
+
+        Running, not paused, past its backoff, its lease free.
+        ``JobRun.objects.due(now)`` is its ORM form and the store's due read its
+        SQL form; ``tests/test_drive.py`` holds the three equal.
+        """
+        return (
+            self.status == Status.RUNNING
+            and self.paused_at is None
+            and (self.next_attempt_at is None or self.next_attempt_at <= now)
+            and self.lease_free(now)
+        )
 
     def as_record(self) -> JobRunRecord:
         """This run decoded as the operator read gives it (see ``job_runs``)."""

@@ -15,57 +15,41 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import difflib
-import enum
 import json
 import logging
 import math
-import traceback
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, InterfaceError, OperationalError
+from django.db import DatabaseError
 
 from . import db, signals, transitions
+from .claims import Claim
 from .deadlocks import retry_deadlocks
 from .exceptions import (
-    GiveUp,
     InvalidPassResult,
     InvalidStepName,
     LeaseLost,
-    Permanent,
-    QueueUnsafe,
     StepExhausted,
     StepInTransaction,
     StepOutsidePass,
     StepResultUnstorable,
     StepReused,
-    UndecodableRun,
 )
 from .models import JobRun
-from .queue_safety import dump_queue_safe, dump_result
+from .outcomes import LOST, MAX_SUMMARY_CHARS, PERMANENT, Outcome, PassOutcome, storable, summary, with_traceback
+from .queue_safety import decode, decode_counters, dump_queue_safe, dump_result
 from .registry import Job
 from .retry import RetryPolicy
-from .store import Ledger, StepWrite, store
+from .store import Ledger, store
 
 logger = logging.getLogger("django_jobruns")
 
 T = TypeVar("T")
 
 _RESULT_KEYS = ("cursor", "done")
-_MAX_ERROR_CHARS = 10_000
-
-#: Database errors of the engine's own writes that say nothing about the job
-#: (a lock wait that timed out, a deadlock, a dropped connection): the pass is
-#: reported unrecorded and the run taken again, never charged an attempt.
-#: Other database errors (a value refused, a constraint) are deterministic, and
-#: charged, so a run that hits one still ends.
-TRANSIENT: tuple[type[BaseException], ...] = (OperationalError, InterfaceError)
-
-#: Failures that retrying cannot fix: the run fails at once (P10).
-PERMANENT: tuple[type[BaseException], ...] = (GiveUp, Permanent, InvalidPassResult, StepReused, QueueUnsafe)
 
 
 class PassObserver:
@@ -119,26 +103,6 @@ class AbandonPass(BaseException):  # noqa: N818 -- it is not an error: it is a s
     """
 
 
-@dataclass
-class Claim:
-    """A worker's hold on one run. The fence, not the holder, identifies it."""
-
-    run_id: str
-    holder: str
-    fence: int
-    ttl: timedelta
-    now: Callable[[], datetime]
-    #: When the lease runs out, as this worker last wrote it.
-    expires_at: datetime
-
-    def expiry(self, now: datetime) -> datetime:
-        return now + self.ttl
-
-    def write(self, **fields: Any) -> bool:
-        """Write ``fields`` to the run if this claim is still the latest; return whether it was."""
-        return store().write_fenced(self.run_id, self.fence, fields)
-
-
 @dataclass(frozen=True)
 class RunRef:
     """What a handler may know about the run it is working for."""
@@ -156,30 +120,6 @@ class _LedgerRow:
     last_error: str | None
 
 
-class Outcome(enum.StrEnum):
-    """What one pass did (each is also the drive report's count of it)."""
-
-    ADVANCED = "advanced"
-    """Committed, the run still running."""
-    COMPLETED = "completed"
-    """Committed, the run done."""
-    RETRYING = "retrying"
-    """Failed, a retry scheduled."""
-    FAILED = "failed"
-    """Failed, the run failed."""
-    LOST = "lost"
-    """Fenced out: another claim took the run; nothing written."""
-
-
-@dataclass(frozen=True)
-class PassOutcome:
-    """What one pass did, with the error or warning to report."""
-
-    status: Outcome
-    error: str | None = None
-    warning: str | None = None
-
-
 @dataclass
 class _StepFailure:
     step: str
@@ -194,33 +134,14 @@ def load_ledger(run_id: str, rows: Ledger | None = None) -> dict[str, _LedgerRow
     return {step: _LedgerRow(result, attempts, error) for step, result, attempts, error in entries}
 
 
-def _decode(text: str | None, what: str) -> Any:
-    try:
-        return json.loads(text) if text is not None else None
-    except (TypeError, ValueError) as exc:
-        raise UndecodableRun(f"cannot decode the run's {what}: {exc}") from None
-    except RecursionError:
-        raise UndecodableRun(f"cannot decode the run's {what}: nested too deeply") from None
-
-
-def decode_counters(text: str | None) -> dict[str, int | float]:
-    counters = _decode(text, "counters")
-    if not isinstance(counters, dict):
-        raise UndecodableRun(f"the run's counters are not a JSON object: {text!r:.200}")
-    for name, value in counters.items():
-        if type(value) not in (int, float) or not math.isfinite(value):
-            raise UndecodableRun(f"the run's counter {name!r} is not a finite number: {value!r:.100}")
-    return counters
-
-
 class Pass:
     """The handler's view of one pass: payload, cursor, counters and steps."""
 
     def __init__(self, run: JobRun, job: Job, claim: Claim, ledger: dict[str, _LedgerRow]) -> None:
         # Decoding the row is part of the pass: a malformed value is a failed
         # pass recorded on this run, not an error that escapes the drive.
-        self._payload = _decode(run.payload, "payload")
-        self._cursor = _decode(run.cursor, "cursor")
+        self._payload = decode(run.payload, "payload")
+        self._cursor = decode(run.cursor, "cursor")
         self._counters = decode_counters(run.counters)
         self._run = RunRef(run.id, run.module, run.job, run.instance)
         self._job = job
@@ -228,11 +149,8 @@ class Pass:
         self._ledger = ledger
         self._used: set[str] = set()
         self._failed_step: _StepFailure | None = None
-        self._lost = False
         self._ended = False
-        #: A database error of the engine's own bookkeeping (a step record, a
-        #: heartbeat): never charged to the job's retry policy.
-        self._store_failed: BaseException | None = None
+        claim.store_failure = None
         # Transactions open when the pass began (a caller's, a test case's):
         # a step inside one more than these is inside the handler's own.
         self._depth = len(db.connection().atomic_blocks)
@@ -278,12 +196,12 @@ class Pass:
         return self._step(name, fn, retry)
 
     def _step(self, name: str, fn: Callable[[], T], retry: RetryPolicy | None) -> Any:
-        _check_step_name(name)
+        check_step_name(name)
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise TypeError(f"step {name!r}: retry must be a RetryPolicy, got {retry!r}")
         if self._ended:
             raise StepOutsidePass(f"step {name!r} was called after its pass ended; steps run inside the handler")
-        if self._lost:
+        if self._claim.lost:
             raise LeaseLost(f"run {self._run.id}: the lease was taken over; step {name!r} not run")
         if name in self._used:
             raise StepReused(name)
@@ -294,7 +212,7 @@ class Pass:
                 "transaction inside the step's function instead"
             )
         self._used.add(name)
-        policy = retry or self._job.retry or _default_retry()
+        policy = retry or self._job.policy
         prior = self._ledger.get(name)
         if prior is not None and prior.result is not None:
             return json.loads(prior.result)
@@ -306,7 +224,7 @@ class Pass:
             exc = StepExhausted(name, prior.attempts, prior.last_error)
             self._failed_step = _StepFailure(name, prior.attempts, policy, exc)
             raise exc
-        self._hold_lease(name)
+        self._claim.hold(name)
         try:
             value = fn()
             try:
@@ -317,7 +235,7 @@ class Pass:
                     "a step's result is stored, so return JSON-able data"
                 ) from exc
         except BaseException as exc:
-            self._record_step(name, None, attempts, storable(_summary(exc)))
+            self._record_step(name, None, attempts, storable(summary(exc)))
             self._failed_step = _StepFailure(name, attempts, policy, exc)
             raise
         self._record_step(name, stored, attempts, None)
@@ -325,69 +243,16 @@ class Pass:
         # resumed code never sees a different type.
         return json.loads(stored)
 
-    def _hold_lease(self, name: str) -> None:
-        """Start no step body on a lapsed lease: renew it if the claim still holds, else stop as lost (D11)."""
-        claim = self._claim
-        now = claim.now()
-        if now < claim.expires_at:
-            return
-        expiry = claim.expiry(now)
-        try:
-            held = store().heartbeat(claim.run_id, claim.fence, expiry)
-        except TRANSIENT as exc:
-            self._store_failed = exc
-            raise
-        if not held:
-            self._lost = True
-            raise LeaseLost(f"run {claim.run_id}: the lease lapsed and was taken; step {name!r} not run")
-        claim.expires_at = expiry
-
     def _record_step(self, name: str, result: str | None, attempts: int, error: str | None) -> None:
-        claim = self._claim
-        now = claim.now()
-        exists = name in self._ledger
-        expiry = claim.expiry(now)
-        try:
-            # Written only if this claim is still the latest; the lease renewed with it.
-            held, renewed = store().record_step(
-                StepWrite(
-                    claim.run_id,
-                    claim.fence,
-                    name,
-                    result,
-                    attempts,
-                    error,
-                    now,
-                    expires=expiry,
-                    exists=exists,
-                    lease_left=claim.expires_at - now,
-                    ttl=claim.ttl,
-                )
-            )
-            if not held:
-                raise LeaseLost(f"run {claim.run_id}: the lease was taken over while step {name!r} ran")
-        except LeaseLost:
-            self._lost = True
-            raise
-        except TRANSIENT as exc:
-            self._store_failed = exc
-            raise
-        if renewed:
-            claim.expires_at = expiry
+        """Record the step under the claim (fenced, renewing the lease), then in this pass's ledger."""
+        self._claim.record_step(name, result, attempts, error, exists=name in self._ledger)
         self._ledger[name] = _LedgerRow(result, attempts, error)
 
     def _unused_memos(self) -> list[str]:
         return sorted(name for name, row in self._ledger.items() if row.result is not None and name not in self._used)
 
 
-def _default_retry() -> RetryPolicy:
-    from . import conf
-
-    policy: RetryPolicy = conf.default_retry()
-    return policy
-
-
-def _check_step_name(name: Any) -> None:
+def check_step_name(name: Any) -> None:
     """Refuse, before the body runs, a step name the database cannot store."""
     if not isinstance(name, str) or not name or len(name) > 255:
         raise InvalidStepName(f"a step name is non-empty text of at most 255 characters, got {name!r:.300}")
@@ -399,36 +264,6 @@ def _check_step_name(name: Any) -> None:
         raise InvalidStepName(
             f"step name {name!r:.300} is not valid Unicode text (a lone surrogate), which databases cannot store"
         ) from None
-
-
-def storable(text: str, limit: int = _MAX_ERROR_CHARS) -> str:
-    """``text`` as every supported database can store it: no NUL, valid UTF-8, at most ``limit`` characters."""
-    text = text.replace("\x00", "\\x00")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    if len(text) > limit:
-        note = f"\n[... {len(text) - limit} more characters cut]"
-        text = text[: limit - len(note)] + note
-    return text
-
-
-def _summary(exc: BaseException) -> str:
-    name = type(exc).__name__
-    try:
-        text = str(exc)
-    except Exception:
-        return f"{name} (its message could not be printed)"
-    return f"{name}: {text}" if text else name
-
-
-def _with_traceback(summary: str, exc: BaseException) -> str:
-    try:
-        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    except Exception:
-        tb = ""
-    return storable(f"{summary}\n\n{tb}")
 
 
 def interpret_result(result: Any, current_cursor: str | None) -> tuple[str | None, bool]:
@@ -491,21 +326,21 @@ def _run_pass(run: JobRun, job: Job, claim: Claim, release: bool, ledger: dict[s
         returned = job.handler(p)
         cursor, done = interpret_result(returned, run.cursor)
     except LeaseLost:
-        return PassOutcome(Outcome.LOST)
+        return LOST
     except BaseException as exc:
         escaping = not isinstance(exc, Exception)
         if isinstance(exc, AbandonPass):
             raise  # as if the process died here: nothing recorded, the lease left to lapse
-        if p is not None and p._lost:
+        if claim.lost:
             if escaping:
                 raise
-            return PassOutcome(Outcome.LOST)
-        if p is not None and p._store_failed is not None:
+            return LOST
+        if claim.store_failure is not None:
             # The engine's own write failed (a lock, a dropped connection):
             # nothing of this pass is charged to the job; the drive reports it.
-            if p._store_failed is exc:
+            if claim.store_failure is exc:
                 raise
-            raise p._store_failed from exc
+            raise claim.store_failure from exc
         wrapper = db.connection()
         if isinstance(exc, DatabaseError) and not wrapper.in_atomic_block and not wrapper.is_usable():
             # The server dropped the connection under the pass: record the
@@ -529,17 +364,13 @@ def _run_pass(run: JobRun, job: Job, claim: Claim, release: bool, ledger: dict[s
             "step names must be a pure function of the payload and prior results, or resume repeats work"
         )
         logger.warning("run %s (%s.%s): %s", run.id, run.module, run.job, warning)
-    now = claim.now()
-    keep_until = None if done or release else claim.expiry(now)
+    now = claim.clock()
+    keep_until = None if done or release else now + claim.ttl
     counters_text = json.dumps(p._counters, separators=(",", ":"))
     fields = transitions.advanced(cursor, counters_text, now, done=done, lease_until=keep_until, warning=warning)
-    if keep_until is not None:
-        claim.expires_at = keep_until
-    committed = store().commit_pass(
-        run.id, claim.fence, fields, drop_ledger=bool(ledger), read_back=keep_until is not None
-    )
+    committed = claim.commit(fields, drop_ledger=bool(ledger))
     if committed is None:
-        return PassOutcome(Outcome.LOST)
+        return LOST
     # The run as this commit left it: a further pass under the same claim starts
     # from it, with no read of the row in between.
     run.cursor, run.counters, run.attempts, run.next_attempt_at = cursor, counters_text, 0, None
@@ -561,75 +392,37 @@ def _fail(run: JobRun, job: Job, claim: Claim, p: Pass | None, exc: BaseExceptio
     step = p._failed_step if p is not None else None
     if step is not None and step.exc is not exc:
         step = None  # the handler caught the step's error and failed for another reason
-    job_policy = job.retry or _default_retry()
     attempts = max(run.attempts, 0) + 1
-    policy = step.policy if step is not None else job_policy
+    policy = step.policy if step is not None else job.policy
     against = step.attempts if step is not None else attempts
     permanent = isinstance(exc, PERMANENT)
     exhausted = permanent or policy.exhausted(against)
     if permanent:
-        summary = f"{_summary(exc)} (not retried: retrying cannot fix this)"
+        first_line = f"{summary(exc)} (not retried: retrying cannot fix this)"
         if step is not None:
-            summary = f"step {step.step!r} failed: {summary}"
+            first_line = f"step {step.step!r} failed: {first_line}"
     elif step is not None and not isinstance(exc, StepExhausted):
-        summary = f"step {step.step!r} failed (attempt {step.attempts} of {policy.max_attempts}): {_summary(exc)}"
+        first_line = f"step {step.step!r} failed (attempt {step.attempts} of {policy.max_attempts}): {summary(exc)}"
     else:
-        summary = _summary(exc)
-    summary = storable(summary, 2_000)
-    now = claim.now()
+        first_line = summary(exc)
+    first_line = storable(first_line, MAX_SUMMARY_CHARS)
+    now = claim.clock()
     fields = transitions.attempt_failed(
         attempts,
-        _with_traceback(summary, exc),
+        with_traceback(first_line, exc),
         now,
         next_attempt_at=None if exhausted else policy.next_attempt_at(against, now),
     )
-    if not retry_deadlocks(lambda: claim.write(**fields), f"run {run.id}: failed pass"):
-        return PassOutcome(Outcome.LOST)
+    if not retry_deadlocks(lambda: claim.write(fields), f"run {run.id}: failed pass"):
+        return LOST
     logger.warning(
         "run %s (%s.%s) pass failed%s: %s",
         run.id,
         run.module,
         run.job,
         " and the run is failed" if exhausted else ", will retry",
-        summary,
+        first_line,
     )
     if exhausted:
-        _send_run_failed(run, summary)
-    return PassOutcome(Outcome.FAILED if exhausted else Outcome.RETRYING, error=summary)
-
-
-def _send_run_failed(run: JobRun, summary: str) -> None:
-    try:
-        counters = decode_counters(run.counters)
-    except UndecodableRun:
-        counters = {}
-    signals.send_after_commit(
-        signals.run_failed,
-        run_id=run.id,
-        module=run.module,
-        job=run.job,
-        instance=run.instance,
-        error=summary,
-        counters=counters,
-    )
-
-
-def fail_abandoned(run: JobRun, claim: Claim, held_by: str) -> PassOutcome:
-    """Fail a run whose silent passes used its retry policy up, without calling its handler (D10).
-
-    A run that kills its worker every time (out of memory, a segfault) is
-    never able to record a failure itself; the takeovers count for it.
-    """
-    now = claim.now()
-    summary = storable(
-        f"the pass under holder {held_by!r} stopped reporting and its lease expired, "
-        f"{run.attempts} time(s) in a row: the retry policy is exhausted (a pass that kills its worker, "
-        "or a step that outlasts the lease?)",
-        2_000,
-    )
-    written = claim.write(**transitions.abandoned(summary, now))
-    if not written:
-        return PassOutcome(Outcome.LOST)
-    logger.warning("run %s (%s.%s) failed: %s", run.id, run.module, run.job, summary)
-    _send_run_failed(run, summary)
-    return PassOutcome(Outcome.FAILED, error=summary)
+        signals.send_run_failed(run, first_line)
+    return PassOutcome(Outcome.FAILED if exhausted else Outcome.RETRYING, error=first_line)

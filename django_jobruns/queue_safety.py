@@ -17,7 +17,7 @@ from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 
-from .exceptions import QueueUnsafe
+from .exceptions import QueueUnsafe, UndecodableRun
 
 _WHY = "a run carries ids and configuration: JSON's own values (dict, list, str, int, float, bool, None)"
 
@@ -123,3 +123,24 @@ def dump_result(value: Any) -> str:
     alike. Raises ``TypeError`` for a value with no JSON form at all.
     """
     return json.dumps(value, cls=DjangoJSONEncoder, separators=(",", ":"))
+
+
+def decode(text: str | None, what: str) -> Any:
+    """A run's stored JSON ``what`` (payload, cursor, counters) decoded, else :class:`UndecodableRun`."""
+    try:
+        return json.loads(text) if text is not None else None
+    except (TypeError, ValueError) as exc:
+        raise UndecodableRun(f"cannot decode the run's {what}: {exc}") from None
+    except RecursionError:
+        raise UndecodableRun(f"cannot decode the run's {what}: nested too deeply") from None
+
+
+def decode_counters(text: str | None) -> dict[str, int | float]:
+    """A run's counters decoded: a JSON object of finite numbers, else :class:`UndecodableRun`."""
+    counters = decode(text, "counters")
+    if not isinstance(counters, dict):
+        raise UndecodableRun(f"the run's counters are not a JSON object: {text!r:.200}")
+    for name, value in counters.items():
+        if type(value) not in (int, float) or not math.isfinite(value):
+            raise UndecodableRun(f"the run's counter {name!r} is not a finite number: {value!r:.100}")
+    return counters

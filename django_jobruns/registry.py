@@ -57,6 +57,16 @@ class Job:
         return (self.module, self.name)
 
     @property
+    def policy(self) -> RetryPolicy:
+        """The retry policy this job's passes run under: its own, else ``JOBRUNS["DEFAULT_RETRY"]``."""
+        if self.retry is not None:
+            return self.retry
+        from . import conf
+
+        policy: RetryPolicy = conf.default_retry()
+        return policy
+
+    @property
     def label(self) -> str:
         """The ``"app_label.name"`` string that refers to this job."""
         return f"{self.module}.{self.name}"

@@ -69,3 +69,17 @@ def send_after_commit(signal: Signal, **kwargs: Any) -> None:
         transaction.on_commit(send, using=wrapper.alias)
     else:
         send()
+
+
+def send_run_failed(run: Any, error: str) -> None:
+    """Send :data:`run_failed` for ``run`` (a ``JobRun``) after the write that failed it commits."""
+    from .exceptions import UndecodableRun
+    from .queue_safety import decode_counters
+
+    try:
+        counters = decode_counters(run.counters)
+    except UndecodableRun:
+        counters = {}
+    send_after_commit(
+        run_failed, run_id=run.id, module=run.module, job=run.job, instance=run.instance, error=error, counters=counters
+    )

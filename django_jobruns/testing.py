@@ -22,6 +22,7 @@ from django.utils import timezone
 from . import passes
 from .drive import PassObserver, drive_run, observing
 from .models import JobRun, Status
+from .outcomes import Outcome, PassOutcome
 from .registry import Job, get_job
 from .starts import start_job_run
 
@@ -132,11 +133,11 @@ class _Observer(PassObserver):
                 raise SimulatedCrash(f"simulated crash after step {name!r}")
         return result
 
-    def pass_ended(self, run: JobRun, outcome: passes.PassOutcome) -> None:
+    def pass_ended(self, run: JobRun, outcome: PassOutcome) -> None:
         state = self.runs.setdefault(run.id, _RunState())
         if outcome.warning:
             self.problems.append(f"{self.label}: {outcome.warning}")
-        if outcome.status in (passes.Outcome.ADVANCED, passes.Outcome.COMPLETED):
+        if outcome.status in (Outcome.ADVANCED, Outcome.COMPLETED):
             state.pass_number += 1
 
 

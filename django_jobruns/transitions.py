@@ -12,10 +12,10 @@ transition     from                        to                          written b
 =============  ==========================  ==========================  ===============================
 start          --                          running                     ``starts.start_job_run`` (insert)
 restart        failed (never restarted)    a new run, running          ``starts.restart_job_run``
-claim          running, due, lease free    leased, fence + 1           ``Store.claim``
-takeover       lease lapsed unreleased     leased, fence + 1,          ``Store.claim(takeover=…)``
-                                           attempts + 1 (charged)
-step           leased                      leased (memo, renewed)      ``Store.record_step``
+claim          running, due, lease free    leased, fence + 1           ``claims.Claim.take``
+takeover       lease lapsed unreleased     leased, fence + 1, and      ``claims.Claim.take``, with
+                                           :func:`charged`             :func:`charged`
+step           leased                      leased (memo, renewed)      ``claims.Claim.record_step``
 advance        leased                      running (cursor, counters)  :func:`advanced` (commit)
 complete       leased                      done                        :func:`advanced` (``done``)
 retry          leased                      running, backing off        :func:`attempt_failed`
@@ -29,8 +29,9 @@ retry now      running, backing off        running, due                :func:`ma
 =============  ==========================  ==========================  ===============================
 
 Each function returns the fields its transition writes. The pass's
-transitions are written under the claim's fence (``Store.commit_pass``,
-``Store.write_fenced``); the operator's with a condition on the run being live
+transitions are written under the claim's fence, by the claim
+(:mod:`django_jobruns.claims`, the only caller of the store's fenced writes);
+the operator's with a condition on the run being live
 (``steering``), so either is safe against the other on another host.
 """
 
@@ -75,6 +76,14 @@ def advanced(
     else:
         fields["lease_expires_at"] = lease_until
     return fields
+
+
+def charged(error: str, now: datetime) -> dict[str, Any]:
+    """A takeover found the lease lapsed with a holder recorded: that silent pass is charged a failed attempt (D10).
+
+    Written by the claim's own statement, before the new holder's fields.
+    """
+    return {"attempts": F("attempts") + 1, "last_error": error, "updated_at": now}
 
 
 def attempt_failed(attempts: int, error: str, now: datetime, *, next_attempt_at: datetime | None) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from django_jobruns import run_due_jobs, start_job_run
 from django_jobruns.drive import default_holder
 from django_jobruns.exceptions import InvalidDriveOptions, UnknownJob
 from django_jobruns.models import JobRun, Status
+from tests import jobs
 
 pytestmark = pytest.mark.django_db
 
@@ -333,22 +334,39 @@ def test_d9_a_run_that_backed_off_queues_behind_runs_that_became_due_before_it()
 
 
 @pytest.mark.django_db
-def test_d9_the_orm_and_the_drives_due_read_agree():
+def test_d9_due_is_one_rule_in_python_the_orm_and_the_drives_due_read():
+    """``JobRun.is_due`` defines due; the ORM's ``due()`` and the store's SQL read find exactly the runs it finds."""
     from django_jobruns.store import store
     from tests.conftest import Clock
 
     clock = Clock()
-    runs = [start_job_run("tests.walk", instance=f"agree{i}")[0] for i in range(6)]
+    runs = [start_job_run("tests.walk", instance=f"agree{i}")[0] for i in range(9)]
     JobRun.objects.filter(pk=runs[1].pk).update(next_attempt_at=clock.now - timedelta(seconds=1))
-    JobRun.objects.filter(pk=runs[2].pk).update(next_attempt_at=clock.now + timedelta(hours=1))  # not due
-    JobRun.objects.filter(pk=runs[3].pk).update(paused_at=clock.now)  # not due
-    JobRun.objects.filter(pk=runs[4].pk).update(lease_holder="h", lease_expires_at=clock.now + timedelta(1))
+    JobRun.objects.filter(pk=runs[2].pk).update(next_attempt_at=clock.now + timedelta(hours=1))  # backing off
+    JobRun.objects.filter(pk=runs[3].pk).update(paused_at=clock.now)  # paused
+    JobRun.objects.filter(pk=runs[4].pk).update(lease_holder="h", lease_expires_at=clock.now + timedelta(1))  # held
     JobRun.objects.filter(pk=runs[5].pk).update(started_at=clock.now - timedelta(days=3))
+    JobRun.objects.filter(pk=runs[6].pk).update(lease_holder="h", lease_expires_at=clock.now)  # lapsed: due
+    JobRun.objects.filter(pk=runs[7].pk).update(next_attempt_at=clock.now)  # backoff ends now: due
+    JobRun.objects.filter(pk=runs[8].pk).update(status=Status.DONE, live=None, ended_at=clock.now)  # ended
+    python = {run.pk for run in JobRun.objects.all() if run.is_due(clock.now)}
     orm = list(JobRun.objects.due(clock.now).in_due_order().values_list("id", flat=True))
-    raw = [row[0] for row in store().due(clock.now, None, 50)]
-    assert orm == raw and set(orm) == {runs[0].pk, runs[1].pk, runs[5].pk}
+    raw = [row.id for row in store().due(clock.now, None, 50)]
+    assert orm == raw and set(orm) == python == {runs[i].pk for i in (0, 1, 5, 6, 7)}
     assert orm[0] == runs[5].pk, "the oldest start first"
     # Paging after a row continues in the same order.
-    first_page = store().due(clock.now, None, 1)
-    rest = [row[0] for row in store().due(clock.now, (first_page[0][5], first_page[0][0]), 50)]
-    assert [first_page[0][0], *rest] == raw
+    (first,) = store().due(clock.now, None, 1)
+    rest = [row.id for row in store().due(clock.now, first, 50)]
+    assert [first.id, *rest] == raw
+
+
+def test_the_report_counts_runs_of_jobs_this_process_does_not_register(clock):
+    from django.utils import timezone
+
+    now = timezone.now()
+    JobRun.objects.create(module="gone", job="renamed", instance="x", started_at=now, updated_at=now)
+    jobs.BEHAVIOUR["here"] = lambda p: {"done": True}
+    start_job_run("tests.scripted", instance="here")
+    report = run_due_jobs(now=clock)
+    assert report.unregistered == 1 and report.completed == 1
+    assert "unregistered=1" in report.summary()

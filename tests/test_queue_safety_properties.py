@@ -134,7 +134,7 @@ def test_q3_integers_are_accepted_exactly_within_64_bits(number):
 @example("lone \udc80 surrogate")
 def test_step_names_the_databases_cannot_store_are_refused_and_the_rest_accepted(name):
     from django_jobruns.exceptions import InvalidStepName
-    from django_jobruns.passes import _check_step_name
+    from django_jobruns.passes import check_step_name
 
     storable = bool(name) and len(name) <= 255 and "\x00" not in name
     try:
@@ -142,16 +142,16 @@ def test_step_names_the_databases_cannot_store_are_refused_and_the_rest_accepted
     except UnicodeEncodeError:
         storable = False
     if storable:
-        _check_step_name(name)
+        check_step_name(name)
     else:
         with pytest.raises(InvalidStepName):
-            _check_step_name(name)
+            check_step_name(name)
 
 
 @given(st.text(max_size=50_000) | st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=0xDFFF)))
 @example("x" * 5_000_000 + "\x00")
 def test_every_error_text_is_made_storable(text):
-    from django_jobruns.passes import storable
+    from django_jobruns.outcomes import storable
 
     stored = storable(text)
     assert "\x00" not in stored and len(stored) <= 10_000

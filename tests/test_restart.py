@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from django_jobruns import restart_job_run, run_due_jobs, start_job_run
+from django_jobruns import GiveUp, restart_job_run, run_due_jobs, start_job_run
 from django_jobruns.exceptions import JobRunsError, NotRestartable
 from django_jobruns.models import JobRun, JobStep, Status
+from tests import jobs
 
 pytestmark = pytest.mark.django_db
 
@@ -71,3 +72,19 @@ def test_restart_refuses_a_run_that_is_not_failed(status):
     assert JobRun.objects.count() == before
     with pytest.raises(JobRunsError, match="no run has the id"):
         restart_job_run("01NOTARUN")
+
+
+def test_a_failed_run_is_restarted_at_most_once(clock):
+    jobs.BEHAVIOUR["once"] = lambda p: (_ for _ in ()).throw(GiveUp("bad"))
+    run, _ = start_job_run("tests.scripted", instance="once")
+    run_due_jobs(now=clock)
+    successor, created = restart_job_run(run, resume=True)
+    assert created
+    jobs.BEHAVIOUR["once"] = lambda p: {"done": True}
+    run_due_jobs(now=clock)
+    assert JobRun.objects.get(pk=successor.pk).status == Status.DONE
+    for resume in (False, True):
+        with pytest.raises(NotRestartable, match=f"already restarted as run {successor.pk}") as caught:
+            restart_job_run(run, resume=resume)
+        assert caught.value.successor == successor.pk
+    assert JobRun.objects.filter(instance="once").count() == 2

@@ -1,26 +1,22 @@
-"""Operators steer live runs: cancel, pause, unpause, retry now; GiveUp; restart at most once."""
+"""Operators steer live runs: cancel, pause, unpause, retry now."""
 
 from __future__ import annotations
 
 import threading
 from collections import Counter
-from datetime import timedelta
 
 import pytest
 from django.db import connections
 
 from django_jobruns import (
-    GiveUp,
-    RetryPolicy,
     cancel_job_run,
     pause_job_run,
-    restart_job_run,
     retry_job_run_now,
     run_due_jobs,
     start_job_run,
     unpause_job_run,
 )
-from django_jobruns.exceptions import JobRunsError, NotRestartable
+from django_jobruns.exceptions import JobRunsError
 from django_jobruns.models import JobRun, JobStep, Status
 from django_jobruns.signals import run_cancelled
 from tests import jobs
@@ -154,59 +150,3 @@ def test_retry_now_skips_the_backoff(clock):
     assert run_due_jobs(now=clock).completed == 1
     with pytest.raises(JobRunsError, match="only a live run can be retried"):
         retry_job_run_now(run)
-
-
-@pytest.mark.parametrize("where", ["step", "handler"])
-def test_give_up_fails_the_run_at_once_whatever_the_policy(where, clock):
-    def handler(p):
-        if where == "step":
-            p.step(
-                "lookup",
-                lambda: (_ for _ in ()).throw(GiveUp("supplier 7 no longer exists")),
-                retry=RetryPolicy(max_attempts=50),
-            )
-        raise GiveUp("supplier 7 no longer exists")
-
-    jobs.BEHAVIOUR[f"giveup-{where}"] = handler
-    run, _ = start_job_run("tests.scripted", instance=f"giveup-{where}")
-    report = run_due_jobs(now=clock)
-    after = JobRun.objects.get(pk=run.pk)
-    assert report.failed == 1 and report.retrying == 0
-    assert after.status == Status.FAILED and after.attempts == 1
-    assert "GiveUp: supplier 7 no longer exists" in after.last_error
-
-
-def test_a_failed_run_is_restarted_at_most_once(clock):
-    jobs.BEHAVIOUR["once"] = lambda p: (_ for _ in ()).throw(GiveUp("bad"))
-    run, _ = start_job_run("tests.scripted", instance="once")
-    run_due_jobs(now=clock)
-    successor, created = restart_job_run(run, resume=True)
-    assert created
-    jobs.BEHAVIOUR["once"] = lambda p: {"done": True}
-    run_due_jobs(now=clock)
-    assert JobRun.objects.get(pk=successor.pk).status == Status.DONE
-    for resume in (False, True):
-        with pytest.raises(NotRestartable, match=f"already restarted as run {successor.pk}") as caught:
-            restart_job_run(run, resume=resume)
-        assert caught.value.successor == successor.pk
-    assert JobRun.objects.filter(instance="once").count() == 2
-
-
-def test_the_report_counts_runs_of_jobs_this_process_does_not_register(clock):
-    from django.utils import timezone
-
-    now = timezone.now()
-    JobRun.objects.create(module="gone", job="renamed", instance="x", started_at=now, updated_at=now)
-    jobs.BEHAVIOUR["here"] = lambda p: {"done": True}
-    start_job_run("tests.scripted", instance="here")
-    report = run_due_jobs(now=clock)
-    assert report.unregistered == 1 and report.completed == 1
-    assert "unregistered=1" in report.summary()
-
-
-def test_a_takeover_of_a_lapsed_lease_is_reported(clock):
-    jobs.BEHAVIOUR["lapsed"] = lambda p: {"done": True}
-    run, _ = start_job_run("tests.scripted", instance="lapsed")
-    JobRun.objects.filter(pk=run.pk).update(lease_holder="dead-host:1:ab", lease_expires_at=clock.now - timedelta(1))
-    report = run_due_jobs(now=clock)
-    assert report.taken_over == 1 and report.completed == 1

@@ -70,15 +70,23 @@ def test_assert_resumable_catches_a_final_state_that_differs():
         assert_resumable("tests.outside_state")
 
 
-def test_assert_resumable_catches_a_completed_step_that_runs_again(monkeypatch):
-    """If memos were ignored, the helper would say so: break the memo and watch it fail."""
-    from django_jobruns import drive, passes
+def test_assert_resumable_catches_a_completed_step_that_runs_again():
+    """If memos were lost, the helper would say so: empty the ledger before every claim and watch it fail."""
+    from django.db import connection
 
-    # A drive that forgets the ledger it read: every resume starts the pass afresh.
-    monkeypatch.setattr(passes, "load_ledger", lambda run_id, rows=None: {})
-    monkeypatch.setattr(drive, "load_ledger", lambda run_id, rows=None: {})
-    with pytest.raises(AssertionError, match=r"pass 1, step #1 'fetch:0' ran again after it had completed"):
+    from django_jobruns.models import JobStep
+
+    ledger = connection.ops.quote_name(JobStep._meta.db_table)
+
+    def forget_the_ledger(execute, sql, params, many, context):
+        # A claim sets the holder: every resume then starts its pass afresh.
+        if sql.startswith(("UPDATE", "WITH claimed")) and "lease_holder" in sql.split("WHERE")[0]:
+            execute(f"DELETE FROM {ledger}", None, False, context)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(forget_the_ledger), pytest.raises(AssertionError) as caught:
         assert_resumable(jobs.resumable)
+    assert "pass 1, step #1 'fetch:0' ran again after it had completed" in str(caught.value)
 
 
 def test_drive_to_completion_fails_with_the_runs_last_error_unless_failure_is_allowed(behaviour):

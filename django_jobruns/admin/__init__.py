@@ -1,0 +1,283 @@
+"""The Django admin for job runs: read, filter, steer, and restart or resume failed runs.
+
+Runs are never edited by hand: every field is read-only, and the only ways to
+act on a run are its buttons and bulk actions (:mod:`.actions`), which go
+through the same functions as the commands. The list stays fast at millions of
+runs (:mod:`.pages`); stored values are shown by :mod:`.display`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from django.contrib import admin
+from django.contrib.admin.views.main import PAGE_VAR, SEARCH_VAR, ChangeList
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+from django.utils.timesince import timesince, timeuntil
+from rangefilter.filters import DateRangeFilterBuilder
+
+from .. import search
+from ..models import JobRun, JobStep, Status
+from .actions import STEERING, RunActions, _InlineBase, steering_verbs
+from .display import change_url, compact_time, exact_time, pretty, progress_html
+from .pages import EstimatedCountPaginator, JobFilter, JobRunChangeList, StateFilter
+
+_ULID = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}")
+
+__all__ = ["EstimatedCountPaginator", "JobRunAdmin", "STEERING", "steering_verbs"]
+
+
+class JobStepInline(_InlineBase):
+    model = JobStep
+    extra = 0
+    max_num = 0
+    can_delete = False
+    show_change_link = False
+    fields = ("step", "completed", "result_display", "attempts", "last_error", "recorded_at")
+    readonly_fields = fields
+    ordering = ("recorded_at", "id")
+    verbose_name_plural = "step ledger (the pass in flight, or the last pass of a failed run)"
+
+    @admin.display(boolean=True, description="completed")
+    def completed(self, obj: JobStep) -> bool:
+        return obj.result is not None
+
+    @admin.display(description="result")
+    def result_display(self, obj: JobStep) -> SafeString:
+        return pretty(obj.result, empty="(not completed)")
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(JobRun)
+class JobRunAdmin(RunActions):
+    change_form_template = "admin/django_jobruns/jobrun/change_form.html"
+    list_display = (
+        "id",
+        "key",
+        "status_badge",
+        "progress",
+        "attempts_and_next",
+        "lease_state",
+        "error_short",
+        "started_ended",
+    )
+    list_filter = (
+        "status",
+        StateFilter,
+        JobFilter,
+        ("started_at", DateRangeFilterBuilder(title="started")),
+        ("ended_at", DateRangeFilterBuilder(title="ended")),
+    )
+    # Searched by id too (exactly, when the term is one), in get_search_results:
+    # a partial match on the id would defeat the search indexes.
+    search_fields = ("instance", "last_error")
+    search_help_text = "Instance or error text contains the term; or the exact run id."
+    ordering = ("-id",)
+    list_per_page = 50
+    # A COUNT(*) over the whole table on every page view costs what the table
+    # retains: no second count for "N total", and an estimate for the first
+    # page of a large unfiltered list (PostgreSQL).
+    show_full_result_count = False
+    paginator = EstimatedCountPaginator
+    inlines = [JobStepInline]
+    actions = [
+        "restart_selected",
+        "resume_selected",
+        "cancel_selected",
+        "pause_selected",
+        "unpause_selected",
+        "retry_now_selected",
+    ]
+    fieldsets = (
+        (None, {"fields": ("id", "key", "status_badge", "progress", "started_at", "updated_at", "ended_at")}),
+        ("Retry", {"fields": ("attempts", "next_attempt_at", "last_error_display", "last_warning")}),
+        ("Data", {"fields": ("payload_display", "cursor_display", "counters_display")}),
+        ("Lease", {"fields": ("lease_holder", "lease_state", "lease_expires_at", "lease_fence")}),
+        ("Lineage", {"fields": ("restarted_from_link", "restarts_links")}),
+    )
+    readonly_fields = (
+        "id",
+        "key",
+        "status_badge",
+        "progress",
+        "started_at",
+        "updated_at",
+        "ended_at",
+        "attempts",
+        "next_attempt_at",
+        "last_error_display",
+        "last_warning",
+        "payload_display",
+        "cursor_display",
+        "counters_display",
+        "lease_holder",
+        "lease_state",
+        "lease_expires_at",
+        "lease_fence",
+        "restarted_from_link",
+        "restarts_links",
+    )
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[JobRun], search_term: str
+    ) -> tuple[QuerySet[JobRun], bool]:
+        term = search_term.strip().upper()
+        if _ULID.fullmatch(term):
+            # A pasted run id: that run, found by its primary key, not by scanning text for it.
+            return queryset.filter(pk=term), False
+        # The index narrows to the candidates (SQLite: FTS5 trigrams); Django's
+        # own conditions, which PostgreSQL's trigram indexes serve, decide.
+        return super().get_search_results(request, search.narrow(queryset, search_term), search_term)
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return JobRunChangeList
+
+    def get_ordering(self, request: HttpRequest) -> Any:
+        # A date range is read newest first in that date: the page is then the
+        # first rows of one range of the date's index, where "newest id first"
+        # would read and skip every run newer than the range to reach it.
+        for field in ("ended_at", "started_at"):
+            if any(key.startswith(f"{field}__range__") and value for key, value in request.GET.items()):
+                return (f"-{field}", "-id")
+        return super().get_ordering(request)
+
+    def get_paginator(
+        self, request: HttpRequest, queryset: Any, per_page: int, orphans: int = 0, allow_empty_first_page: bool = True
+    ) -> EstimatedCountPaginator:
+        paginator = EstimatedCountPaginator(queryset, per_page, orphans, allow_empty_first_page)
+        searched = bool(request.GET.get(SEARCH_VAR))
+        paginator.estimate_filtered = not searched
+        paginator.read_first_page = searched and request.GET.get(PAGE_VAR, "1") in ("", "1")
+        return paginator
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        response = super().changelist_view(request, extra_context)
+        context = getattr(response, "context_data", None)
+        if context and "cl" in context:
+            paginator = context["cl"].paginator
+            context["count_estimated"] = bool(getattr(paginator, "estimated", False))
+        return response
+
+    # -- columns ---------------------------------------------------------------
+
+    @admin.display(description="job [instance]", ordering="module")
+    def key(self, obj: JobRun) -> str:
+        return f"{obj.module}.{obj.job} [{obj.instance}]"
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, obj: JobRun) -> SafeString:
+        if obj.status == Status.RUNNING and obj.paused_at is not None:
+            return format_html(
+                '<span class="jobruns-status jobruns-status-paused" title="paused at {}">{}</span>',
+                obj.paused_at,
+                "running (paused)",
+            )
+        return format_html('<span class="jobruns-status jobruns-status-{}">{}</span>', obj.status, obj.status)
+
+    @admin.display(description="lease", ordering="lease_expires_at")
+    def lease_state(self, obj: JobRun) -> SafeString:
+        """Whether the lease is held, or lapsed: a holder that stopped reporting (a killed worker)."""
+        if obj.lease_holder is None or obj.lease_expires_at is None:
+            return format_html("{}", "—")
+        now = timezone.now()
+        if obj.lease_expires_at <= now:
+            return format_html(
+                '<span class="jobruns-lease-lapsed" title="lapsed at {}; the next drive takes the run over and counts '
+                'that pass as a failed attempt">lapsed {} ago — its holder {} stopped reporting</span>',
+                obj.lease_expires_at,
+                timesince(obj.lease_expires_at, now, depth=1),
+                obj.lease_holder,
+            )
+        return format_html(
+            '<span class="jobruns-lease-held" title="until {}">held by {}, expires in {}</span>',
+            obj.lease_expires_at,
+            obj.lease_holder,
+            timeuntil(obj.lease_expires_at, now, depth=1),
+        )
+
+    @admin.display(description="attempts", ordering="attempts")
+    def attempts_and_next(self, obj: JobRun) -> SafeString:
+        """The failed attempts, and when the next one is due if the run waits out a backoff."""
+        if obj.next_attempt_at is None:
+            return format_html("{}", obj.attempts)
+        now = timezone.now()
+        when = (
+            f"next in {timeuntil(obj.next_attempt_at, now, depth=1)}"
+            if obj.next_attempt_at > now
+            else f"next due {timesince(obj.next_attempt_at, now, depth=1)} ago"
+        )
+        return format_html(
+            '{}<br><span class="jobruns-next" title="{}">{}</span>', obj.attempts, exact_time(obj.next_attempt_at), when
+        )
+
+    @admin.display(description="started / ended", ordering="started_at")
+    def started_ended(self, obj: JobRun) -> SafeString:
+        if obj.ended_at is None:
+            return compact_time(obj.started_at)
+        return format_html("{}<br>→ {}", compact_time(obj.started_at), compact_time(obj.ended_at))
+
+    @admin.display(description="last error")
+    def error_short(self, obj: JobRun) -> str:
+        if not obj.last_error:
+            return "—"
+        first = obj.last_error.splitlines()[0]
+        return first if len(first) <= 120 else f"{first[:119]}…"
+
+    @admin.display(description="progress")
+    def progress(self, obj: JobRun) -> SafeString | str:
+        return progress_html(obj.counters)
+
+    @admin.display(description="payload")
+    def payload_display(self, obj: JobRun) -> SafeString:
+        return pretty(obj.payload)
+
+    @admin.display(description="cursor")
+    def cursor_display(self, obj: JobRun) -> SafeString:
+        return pretty(obj.cursor, empty="(no pass committed yet)" if obj.status == Status.RUNNING else "—")
+
+    @admin.display(description="counters")
+    def counters_display(self, obj: JobRun) -> SafeString:
+        return pretty(obj.counters)
+
+    @admin.display(description="last error")
+    def last_error_display(self, obj: JobRun) -> SafeString:
+        if not obj.last_error:
+            return format_html("{}", "—")
+        return format_html('<pre class="jobruns-error">{}</pre>', obj.last_error)
+
+    @admin.display(description="restarted from")
+    def restarted_from_link(self, obj: JobRun) -> SafeString:
+        if obj.restarted_from_id is None:
+            return format_html("{}", "—")
+        return format_html('<a href="{}">{}</a>', change_url(obj.restarted_from_id), obj.restarted_from_id)
+
+    @admin.display(description="restarted as")
+    def restarts_links(self, obj: JobRun) -> SafeString:
+        ids = list(obj.restarts.order_by("id").values_list("id", flat=True))
+        if not ids:
+            return format_html("{}", "—")
+        return format_html_join(", ", '<a href="{}">{}</a>', ((change_url(i), i) for i in ids))
+
+    # -- permissions: read-only, restart is its own permission -----------------
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

@@ -1,0 +1,205 @@
+"""The admin's actions on runs: restart and resume failed runs, cancel / pause / unpause / retry now live ones.
+
+POST only (``require_POST``), CSRF-checked (``admin_view``), each checked against
+its own permission; the work is done by the public functions (``restart_job_run``,
+``steering``), so the admin, the commands and a project's code act alike.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.urls import path
+from django.utils import timezone
+from django.utils.html import format_html
+from django.views.decorators.http import require_POST
+
+from ..exceptions import JobRunsError
+from ..models import JobRun, JobStep, Status
+from ..starts import restart_job_run
+from ..steering import cancel_job_run, pause_job_run, retry_job_run_now, unpause_job_run
+from .display import change_url
+
+RESTART_PERMISSION = "django_jobruns.restart_jobrun"
+STEER_PERMISSION = "django_jobruns.steer_jobrun"
+
+#: The steering verbs: (label of the button, past tense for the message, function).
+STEERING: dict[str, tuple[str, str, Any]] = {
+    "cancel": ("Cancel", "Cancelled", cancel_job_run),
+    "pause": ("Pause", "Paused", pause_job_run),
+    "unpause": ("Unpause", "Unpaused", unpause_job_run),
+    "retry_now": ("Retry now", "Made due now", retry_job_run_now),
+}
+
+
+def steering_verbs(run: JobRun, now: Any) -> list[str]:
+    """The verbs that apply to ``run`` as it is: what its buttons offer."""
+    if run.status != Status.RUNNING:
+        return []
+    verbs = ["unpause" if run.paused_at is not None else "pause", "cancel"]
+    if run.next_attempt_at is not None and run.next_attempt_at > now:
+        verbs.insert(0, "retry_now")
+    return verbs
+
+
+# Generic for the type checker only: Django's admin classes are not subscriptable at run time.
+if TYPE_CHECKING:
+    _InlineBase = admin.TabularInline[JobStep, JobRun]
+    _AdminBase = admin.ModelAdmin[JobRun]
+else:
+    _InlineBase = admin.TabularInline
+    _AdminBase = admin.ModelAdmin
+
+
+class RunActions(_AdminBase):
+    """The buttons and bulk actions of the run admin, and the permissions they check."""
+
+    def has_restart_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm(RESTART_PERMISSION))
+
+    def has_steer_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm(STEER_PERMISSION))
+
+    # -- restart and resume ----------------------------------------------------
+
+    def get_urls(self) -> list[Any]:
+        restart = self.admin_site.admin_view(require_POST(self.restart_view))
+        steer = self.admin_site.admin_view(require_POST(self.steer_view))
+        return [
+            path("<path:object_id>/restart/", restart, name="django_jobruns_jobrun_restart"),
+            path("<path:object_id>/steer/", steer, name="django_jobruns_jobrun_steer"),
+            *super().get_urls(),
+        ]
+
+    def render_change_form(self, request: HttpRequest, context: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        obj = kwargs.get("obj")
+        context["can_restart"] = (
+            obj is not None
+            and obj.status == Status.FAILED
+            and self.has_restart_permission(request)
+            and not obj.restarts.exists()
+        )
+        verbs = steering_verbs(obj, timezone.now()) if obj is not None and self.has_steer_permission(request) else []
+        context["steering"] = [(verb, STEERING[verb][0]) for verb in verbs]
+        return super().render_change_form(request, context, *args, **kwargs)
+
+    def steer_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """Cancel, pause, unpause or retry now: POST only, CSRF-checked, permission-checked here."""
+        if not self.has_steer_permission(request):
+            raise PermissionDenied
+        run = get_object_or_404(JobRun, pk=object_id)
+        verb = request.POST.get("verb", "")
+        if verb not in STEERING:
+            self.message_user(request, f"Unknown action {verb!r:.50}.", messages.ERROR)
+        else:
+            self._steer(request, run, verb, reason=request.POST.get("reason", "")[:1000])
+        return HttpResponseRedirect(change_url(run.pk))
+
+    def _steer(self, request: HttpRequest, run: JobRun, verb: str, *, reason: str = "") -> bool:
+        label, done, act = STEERING[verb]
+        try:
+            if verb == "cancel":
+                act(run, reason=reason or f"by {request.user.get_username()} in the admin")
+            else:
+                act(run)
+        except JobRunsError as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+            return False
+        self.log_change(request, run, f"{done} from the admin")
+        self.message_user(request, f"{done} run {run.pk}.", messages.SUCCESS)
+        return True
+
+    def _steer_selected(self, request: HttpRequest, queryset: QuerySet[JobRun], verb: str) -> None:
+        runs = list(queryset.order_by("id"))
+        now = timezone.now()
+        skipped = [run.pk for run in runs if verb not in steering_verbs(run, now)]
+        if skipped:
+            self.message_user(
+                request,
+                f"Skipped {len(skipped)} run(s) to which {STEERING[verb][0]!r} does not apply: {', '.join(skipped)}",
+                messages.WARNING,
+            )
+        for run in runs:
+            if run.pk not in skipped:
+                self._steer(request, run, verb)
+
+    @admin.action(description="Cancel selected live runs", permissions=["steer"])
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> None:
+        self._steer_selected(request, queryset, "cancel")
+
+    @admin.action(description="Pause selected live runs", permissions=["steer"])
+    def pause_selected(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> None:
+        self._steer_selected(request, queryset, "pause")
+
+    @admin.action(description="Unpause selected paused runs", permissions=["steer"])
+    def unpause_selected(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> None:
+        self._steer_selected(request, queryset, "unpause")
+
+    @admin.action(description="Retry selected runs now (skip their backoff)", permissions=["steer"])
+    def retry_now_selected(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> None:
+        self._steer_selected(request, queryset, "retry_now")
+
+    def restart_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """POST only (require_POST), CSRF-checked (admin_view), permission-checked here."""
+        if not self.has_restart_permission(request):
+            raise PermissionDenied
+        run = get_object_or_404(JobRun, pk=object_id)
+        resume = request.POST.get("resume") == "1"
+        new = self._restart(request, run, resume=resume)
+        return HttpResponseRedirect(change_url(new.pk if new is not None else run.pk))
+
+    def _restart(self, request: HttpRequest, run: JobRun, *, resume: bool) -> JobRun | None:
+        verb = "Resumed" if resume else "Restarted"
+        try:
+            new, created = restart_job_run(run, resume=resume)
+        except JobRunsError as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+            return None
+        if created:
+            self.log_addition(request, new, f"{verb} as a new run from failed run {run.pk}")
+            self.message_user(
+                request,
+                format_html(
+                    '{} failed run {} as new run <a href="{}">{}</a>.', verb, run.pk, change_url(new.pk), new.pk
+                ),
+                messages.SUCCESS,
+            )
+        else:
+            self.message_user(
+                request,
+                format_html(
+                    'A live run for {} was already running: joined run <a href="{}">{}</a> instead of '
+                    "starting another.",
+                    f"{run.label} [{run.instance}]",
+                    change_url(new.pk),
+                    new.pk,
+                ),
+                messages.WARNING,
+            )
+        return new
+
+    @admin.action(description="Restart selected failed runs as new runs", permissions=["restart"])
+    def restart_selected(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> HttpResponse | None:
+        return self._bulk(request, queryset, resume=False)
+
+    @admin.action(description="Resume selected failed runs as new runs", permissions=["restart"])
+    def resume_selected(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> HttpResponse | None:
+        return self._bulk(request, queryset, resume=True)
+
+    def _bulk(self, request: HttpRequest, queryset: QuerySet[JobRun], *, resume: bool) -> HttpResponse | None:
+        runs = list(queryset.order_by("id"))
+        skipped = [run.pk for run in runs if run.status != Status.FAILED]
+        if skipped:
+            self.message_user(
+                request, f"Skipped {len(skipped)} run(s) that are not failed: {', '.join(skipped)}", messages.WARNING
+            )
+        started = [self._restart(request, run, resume=resume) for run in runs if run.status == Status.FAILED]
+        landed = [new for new in started if new is not None]
+        if len(landed) == 1:
+            return HttpResponseRedirect(change_url(landed[0].pk))
+        return None

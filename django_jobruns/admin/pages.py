@@ -1,0 +1,128 @@
+"""The changelist's machinery: page numbers from estimates at millions of runs, and its filters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.contrib.admin.views.main import ChangeList
+from django.core.paginator import Paginator
+from django.db import connections
+from django.db.models import Q, QuerySet
+from django.http import HttpRequest
+from django.utils import timezone
+from django.utils.functional import cached_property
+
+from ..models import JobRun, Status
+from ..registry import registered_jobs
+from ..store import estimates
+
+
+class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
+    """Page a large list by the database's row estimate instead of counting it (``store.estimates``).
+
+    Lists estimated to be small, searched lists (a text search's estimate can
+    be far off) and databases without estimates (SQLite) are counted exactly.
+    """
+
+    ESTIMATE_ABOVE = 10_000
+    #: Whether ``count`` is the planner's estimate (the changelist says so).
+    estimated = False
+    #: Whether a filtered list may be numbered by its estimate (not a searched one).
+    estimate_filtered = True
+    #: Whether to read the first page before counting (a search shown from its first page).
+    read_first_page = False
+    #: The first page's rows, when reading them showed that they are all there is.
+    first_page_rows: list[Any] | None = None
+
+    @cached_property
+    def count(self) -> int:
+        queryset = self.object_list
+        if not isinstance(queryset, QuerySet):
+            return int(super().count)
+        if self.read_first_page:
+            # A search for something rare reads the whole table, or its index,
+            # to find the few runs it matches -- once for the count and once
+            # more for the page. Read the page first: when it is not full, it
+            # is the count too. When it is, the count follows (and the scan
+            # that filled a page was short).
+            first = list(queryset[: self.per_page + 1])
+            if len(first) <= self.per_page:
+                self.first_page_rows = first
+                return len(first)
+        if connections[queryset.db].vendor not in estimates.ESTIMATING:
+            return int(super().count)
+        if queryset.query.where:
+            if self.estimate_filtered:
+                rows = estimates.planned_rows(queryset.order_by())
+                if rows is not None and rows > self.ESTIMATE_ABOVE:
+                    self.estimated = True
+                    return rows
+            return int(super().count)
+        total = estimates.whole_table(queryset, self.ESTIMATE_ABOVE)
+        if total is None:
+            return int(super().count)
+        self.estimated = total > self.ESTIMATE_ABOVE
+        return total
+
+
+class JobRunChangeList(ChangeList):
+    """The changelist, showing a search's first page from the rows its count already read."""
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        rows = getattr(self.paginator, "first_page_rows", None)
+        if rows is not None and not self.multi_page:
+            self.result_list = rows
+
+
+class JobFilter(admin.SimpleListFilter):
+    """Filter by job, from the registry: no query, whatever the table's size."""
+
+    title = "job"
+    parameter_name = "job"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(entry.label, entry.label) for entry in registered_jobs()]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> QuerySet[JobRun]:
+        value = self.value()
+        if not value:
+            return queryset
+        module, _, name = value.partition(".")
+        return queryset.filter(module=module, job=name)
+
+
+class StateFilter(admin.SimpleListFilter):
+    """What an operator looks for at 3 a.m.: runs backing off, leased, with a lapsed lease, paused, orphaned."""
+
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [
+            ("backoff", "in backoff"),
+            ("leased", "leased"),
+            ("lapsed", "lease lapsed"),
+            ("paused", "paused"),
+            ("unregistered", "job not registered here"),
+        ]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> QuerySet[JobRun]:
+        now = timezone.now()
+        running = queryset.filter(status=Status.RUNNING)
+        value = self.value()
+        if value == "backoff":
+            return running.filter(next_attempt_at__gt=now)
+        if value == "leased":
+            return running.filter(lease_holder__isnull=False, lease_expires_at__gt=now)
+        if value == "lapsed":
+            return running.filter(lease_holder__isnull=False, lease_expires_at__lte=now)
+        if value == "paused":
+            return running.filter(paused_at__isnull=False)
+        if value == "unregistered":
+            known = Q()
+            for entry in registered_jobs():
+                known |= Q(module=entry.module, job=entry.name)
+            return running.exclude(known) if known else running
+        return queryset

@@ -1,0 +1,99 @@
+"""The drive's report: what one ``run_due_jobs`` call did, counted as it happens (threads included)."""
+
+from __future__ import annotations
+
+import enum
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from .outcomes import PassOutcome
+
+
+class Count(enum.Enum):
+    """The drive's own counts (the passes' outcomes are counted by :class:`Outcome`)."""
+
+    ATTEMPTED = "attempted"
+    SKIPPED = "skipped"
+    STALE = "stale"
+    LOST = "lost"
+    UNRELEASED = "unreleased"
+    UNREGISTERED = "unregistered"
+    TAKEN_OVER = "taken_over"
+
+
+@dataclass
+class DriveReport:
+    """What one ``run_due_jobs`` call did."""
+
+    attempted: int = 0
+    advanced: int = 0
+    completed: int = 0
+    retrying: int = 0
+    failed: int = 0
+    skipped: int = 0
+    stale: int = 0
+    lost: int = 0
+    unreleased: int = 0
+    #: Due runs stepped over because no job of this process is registered under their key.
+    unregistered: int = 0
+    #: Runs taken over from a holder whose lease lapsed unreleased (its pass was charged).
+    taken_over: int = 0
+    errors: list[tuple[str, str]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    stopped: bool = False
+    #: Runs whose pass could not be recorded at all (the database failed under
+    #: it): nothing was written, and the run is taken again by a later drive.
+    unrecorded: list[tuple[str, str]] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    COUNTS = (
+        "attempted",
+        "advanced",
+        "completed",
+        "retrying",
+        "failed",
+        "skipped",
+        "stale",
+        "lost",
+        "unreleased",
+        "unregistered",
+        "taken_over",
+    )
+    #: Counts the one-line summary shows only when they are not zero.
+    RARE = ("unregistered", "taken_over")
+
+    def add(self, count: Count) -> None:
+        with self._lock:
+            setattr(self, count.value, getattr(self, count.value) + 1)
+
+    def record(self, run_id: str, outcome: PassOutcome) -> None:
+        with self._lock:
+            name = outcome.status.value
+            setattr(self, name, getattr(self, name) + 1)
+            if outcome.error is not None:
+                self.errors.append((run_id, outcome.error))
+            if outcome.warning is not None:
+                self.warnings.append(f"run {run_id}: {outcome.warning}")
+
+    def not_recorded(self, run_id: str, message: str) -> None:
+        with self._lock:
+            self.unrecorded.append((run_id, message))
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self.COUNTS and key not in ("errors", "warnings", "stopped", "unrecorded"):
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def as_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {name: getattr(self, name) for name in self.COUNTS}
+        data["errors"] = [list(pair) for pair in self.errors]
+        data["warnings"] = list(self.warnings)
+        data["stopped"] = self.stopped
+        data["unrecorded"] = [list(pair) for pair in self.unrecorded]
+        return data
+
+    def summary(self) -> str:
+        counts = " ".join(f"{name}={getattr(self, name)}" for name in self.COUNTS if name not in self.RARE)
+        rare = "".join(f" {name}={getattr(self, name)}" for name in self.RARE if getattr(self, name))
+        return f"{counts} stopped={'yes' if self.stopped else 'no'}{rare}"

@@ -1,0 +1,54 @@
+"""The store: the engine's reads and writes of runs and step records, one module per database.
+
+The claim (:mod:`django_jobruns.claims`) and the drive ask the store to read
+what is due, claim a run, record a step (with its heartbeat), commit a pass and
+write a fenced transition; they never name a database. Each database gets the
+statements that suit it:
+
+- :mod:`.base` -- the portable store: one transaction per fenced write, the
+  heartbeat (which takes the run's row lock and checks the fence) and then the
+  write;
+- :mod:`.mysql` -- MariaDB and MySQL: the portable store, deadlocks retried;
+- :mod:`.sqlite` -- ``RETURNING`` on the claim and, under ``IMMEDIATE``
+  transactions, a read of the fence instead of a heartbeat while more than half
+  the lease is left;
+- :mod:`.postgresql` -- every fenced write ONE statement (a data-modifying CTE),
+  and a plain claim returns the step ledger with the run;
+- :mod:`.estimates` -- the admin's row estimates, per database.
+
+A pass of k fresh steps issues 2k+5 statements (k+3 on PostgreSQL), the drive's
+due read included. Built by the ORM, each would cost 100-250 µs of Python before
+it reached the database -- more, on a fast disk, than the commits the pass pays
+for -- so the statements a pass repeats are written once (:mod:`.statements`),
+with the tables' and columns' names taken from the models, and executed through
+Django's cursor (its transactions, execute wrappers and query logging still
+apply).
+
+Every statement goes to the database the project's router names for ``JobRun``.
+"""
+
+from __future__ import annotations
+
+from django.db import connections
+
+from .. import db
+from .base import ClaimedRow, Committed, DueRow, Ledger, StepWrite, Store
+from .mysql import MySQLStore
+from .postgresql import PostgresStore
+from .sqlite import SQLiteStore
+
+__all__ = ["ClaimedRow", "Committed", "DueRow", "Ledger", "StepWrite", "Store", "store"]
+
+#: The store of each vendor; another vendor gets the portable one.
+STORES: dict[str, type[Store]] = {"postgresql": PostgresStore, "sqlite": SQLiteStore, "mysql": MySQLStore}
+_built: dict[tuple[str, str], Store] = {}
+
+
+def store() -> Store:
+    """The store of the database the router names for ``JobRun``."""
+    alias = db.alias()
+    vendor = connections[alias].vendor
+    found = _built.get((alias, vendor))
+    if found is None:
+        found = _built[(alias, vendor)] = STORES.get(vendor, Store)(alias)
+    return found

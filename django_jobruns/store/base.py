@@ -1,0 +1,272 @@
+"""The portable store: each fenced write a transaction of a fence check (with the heartbeat) and the write.
+
+Any database runs these statements; the vendors' modules override what their
+database does better. The claim (:mod:`django_jobruns.claims`) is the only
+caller of the fenced writes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, NamedTuple
+
+from django.db import connections, transaction
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from ..deadlocks import retry_deadlocks
+from ..models import JobRun
+from .statements import RUN_FIELDS, Statements
+
+#: The step ledger of a pass: (step, result, attempts, last_error) per recorded step.
+Ledger = list[tuple[str, "str | None", int, "str | None"]]
+
+
+class DueRow(NamedTuple):
+    """A run the due read found: what its claim compares and whom a takeover charges."""
+
+    id: str
+    #: The fence as read: the claim takes the run only if it is still this.
+    fence: int
+    module: str
+    job: str
+    #: The holder recorded on a lapsed lease (its pass stopped reporting), else ``None``.
+    holder: str | None
+    #: When the run became due: its position in the due order (the next page starts after it).
+    due_since: Any
+
+
+@dataclass(frozen=True)
+class ClaimedRow:
+    """The run as the claim left it, and whether it is still due (re-read under the claim).
+
+    ``ledger`` is the run's step ledger when the claim could read it in the same
+    statement (PostgreSQL), else ``None``: read it separately.
+    """
+
+    run: JobRun
+    due: bool
+    ledger: Ledger | None = None
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A pass commit that held: the run's pause as the commit left it (``None`` if it was not paused)."""
+
+    paused_at: datetime | None
+
+
+@dataclass(slots=True)
+class StepWrite:
+    """A step record to write under a claim, and the claim's lease as the pass knows it."""
+
+    run_id: str
+    fence: int
+    step: str
+    result: str | None
+    attempts: int
+    error: str | None
+    at: datetime
+    #: The lease's new expiry, if this write renews it.
+    expires: datetime
+    #: Whether the step has a row already (an earlier failed attempt).
+    exists: bool
+    #: How much of the lease is left, and its length: whether a renewal is due.
+    lease_left: timedelta
+    ttl: timedelta
+
+
+class Store:
+    """The engine's statements on one database alias, portable to any database Django supports."""
+
+    #: Whether the claim statement returns the row it claimed.
+    returning = False
+
+    def __init__(self, alias: str) -> None:
+        self.alias = alias
+        self.statements = Statements(connections[alias])
+
+    @property
+    def connection(self) -> Any:
+        """This thread's connection to the store's database."""
+        return connections[self.alias]
+
+    def adapt(self, value: datetime) -> Any:
+        return self.connection.ops.adapt_datetimefield_value(value)
+
+    # -- reads -------------------------------------------------------------------
+
+    def due(self, now: datetime, after: DueRow | None, limit: int) -> list[DueRow]:
+        """Up to ``limit`` runs due at ``now`` after the row ``after`` (from the first, if ``None``), in due order."""
+        st, at = self.statements, self.adapt(now)
+        with self.connection.cursor() as cur:
+            if after is not None:
+                cur.execute(st.due_after, [at, at, after.due_since, after.due_since, after.id, limit])
+            else:
+                cur.execute(st.due_first, [at, at, limit])
+            return [DueRow(*row) for row in cur.fetchall()]
+
+    def read_run(self, run_id: str, now: datetime) -> ClaimedRow | None:
+        """The run's decodable state and whether it is due at ``now``."""
+        with self.connection.cursor() as cur:
+            cur.execute(self.statements.read_run, [run_id])
+            row = cur.fetchone()
+        return self._claimed(row, now) if row is not None else None
+
+    def ledger(self, run_id: str) -> Ledger:
+        """The step ledger of the pass in flight."""
+        with self.connection.cursor() as cur:
+            cur.execute(self.statements.ledger, [run_id])
+            return list(cur.fetchall())
+
+    # -- the claim ---------------------------------------------------------------
+
+    def claim(
+        self,
+        row: DueRow,
+        fence: int,
+        holder: str,
+        now: datetime,
+        expires: datetime,
+        *,
+        charge: dict[str, Any] | None = None,
+    ) -> ClaimedRow | None:
+        """Take the run if its fence is still ``row.fence`` and its lease free; set ``fence``; return it re-read.
+
+        One conditional UPDATE sets the holder, the expiry and the new fence. The
+        fence read with the due row is compared, not the status: a run changed
+        out of band since that read is claimed, found not running or not due,
+        and given back as stale.
+
+        ``charge`` (a takeover: the due read saw the lease held and lapsed) is
+        written by the same statement; the ledger is then read by a statement
+        of its own, after the claim. Read in the claim's statement it would come
+        from that statement's snapshot, which on PostgreSQL can predate a memo
+        the old holder committed while the claim waited for the row.
+        """
+        st = self.statements
+        params = self._claim_params(row, fence, holder, now, expires, charge)
+        with self.connection.cursor() as cur:
+            text = st.claim_returning if self.returning else st.claim
+            if charge is not None:
+                text = st.takeover(charge, returning=self.returning)
+            cur.execute(text, params)
+            if self.returning:
+                found = cur.fetchone()
+                return self._claimed(found, now) if found is not None else None
+            if cur.rowcount != 1:
+                return None
+        return self.read_run(row.id, now)
+
+    def _claim_params(
+        self, row: DueRow, fence: int, holder: str, now: datetime, expires: datetime, charge: dict[str, Any] | None
+    ) -> list[Any]:
+        at = self.adapt
+        params = [holder, at(expires), fence, row.id, row.fence, at(now)]
+        return params if charge is None else [*self.statements.parameters(charge, at), *params]
+
+    def _claimed(self, row: tuple[Any, ...], now: datetime, ledger: Ledger | None = None) -> ClaimedRow:
+        values = dict(zip(RUN_FIELDS, row, strict=False))
+        values["next_attempt_at"] = self._datetime(values["next_attempt_at"])
+        values["paused_at"] = self._datetime(values["paused_at"])
+        run = JobRun(**values)
+        # Judged in Python, not SQL (SQLite 3.40's RETURNING evaluates "column IS
+        # NULL" wrongly), by the one definition of due. The claim's own lease is
+        # not among the fields read back, so it does not count against it.
+        return ClaimedRow(run, run.is_due(now), ledger)
+
+    def _datetime(self, value: Any) -> datetime | None:
+        """A datetime column read by a raw cursor, as the ORM would give it."""
+        if value is None or (isinstance(value, datetime) and timezone.is_aware(value)):
+            return value
+        parsed = parse_datetime(value) if isinstance(value, str) else value
+        if parsed is None:
+            raise ValueError(f"not a datetime: {value!r}")
+        return timezone.make_aware(parsed, self.connection.timezone) if timezone.is_naive(parsed) else parsed
+
+    # -- fenced writes (the claim is their only caller) ----------------------------
+
+    def heartbeat(self, run_id: str, fence: int, expires: datetime) -> bool:
+        """Extend the lease if ``fence`` is still the run's; return whether it was."""
+        with self.connection.cursor() as cur:
+            cur.execute(self.statements.heartbeat, [self.adapt(expires), run_id, fence])
+            return bool(cur.rowcount == 1)
+
+    def record_step(self, write: StepWrite) -> tuple[bool, bool]:
+        """Write a step record if the claim still holds; return (whether it held, whether the lease was renewed).
+
+        One transaction: the heartbeat (the run's row lock, the fence check and
+        the renewal in one statement), then the step's row.
+        """
+        wrapper, st, at = self.connection, self.statements, self.adapt
+
+        def record() -> tuple[bool, bool]:
+            with transaction.atomic(using=self.alias), wrapper.cursor() as cur:
+                renew = self._renews(wrapper, write)
+                if renew:
+                    cur.execute(st.heartbeat, [at(write.expires), write.run_id, write.fence])
+                    held = cur.rowcount == 1
+                else:
+                    cur.execute(st.fence_holds, [write.run_id, write.fence])
+                    held = cur.fetchone() is not None
+                if held:
+                    if write.exists:
+                        cur.execute(
+                            st.update_step,
+                            [write.result, write.attempts, write.error, at(write.at), write.run_id, write.step],
+                        )
+                    else:
+                        cur.execute(
+                            st.insert_step,
+                            [write.run_id, write.step, write.result, write.attempts, write.error, at(write.at)],
+                        )
+                return held, renew
+
+        return retry_deadlocks(record, f"run {write.run_id}: record of step {write.step!r}")
+
+    def _renews(self, wrapper: Any, write: StepWrite) -> bool:
+        """Whether this step write renews the lease (else it only checks the fence)."""
+        return True
+
+    def commit_pass(
+        self, run_id: str, fence: int, fields: dict[str, Any], *, drop_ledger: bool, read_back: bool = False
+    ) -> Committed | None:
+        """Write the pass's transition and drop its ledger, if ``fence`` still holds; ``None`` if it did not.
+
+        ``read_back`` asks for the run's pause as the commit left it (for a
+        further pass under the same claim); without ``RETURNING`` that is one
+        more read inside the commit's transaction.
+        """
+        wrapper, st = self.connection, self.statements
+        params = [*st.parameters(fields, self.adapt), run_id, fence]
+        returning = self.returning
+
+        def commit() -> Committed | None:
+            with transaction.atomic(using=self.alias), wrapper.cursor() as cur:
+                paused_at = None
+                if returning:
+                    cur.execute(st.update_fenced(fields, returning_pause=True), params)
+                    row = cur.fetchone()
+                    if row is None:
+                        return None
+                    paused_at = row[0]
+                else:
+                    cur.execute(st.update_fenced(fields), params)
+                    if cur.rowcount != 1:
+                        return None
+                    if read_back:
+                        cur.execute(st.paused_at, [run_id])
+                        (paused_at,) = cur.fetchone()
+                if drop_ledger:
+                    cur.execute(st.drop_ledger, [run_id])
+                return Committed(self._datetime(paused_at))
+
+        return retry_deadlocks(commit, f"run {run_id}: pass commit")
+
+    def write_fenced(self, run_id: str, fence: int, fields: dict[str, Any]) -> bool:
+        """Write ``fields`` (a transition) to the run if ``fence`` is still its fence; return whether it was."""
+        st = self.statements
+        with self.connection.cursor() as cur:
+            cur.execute(st.update_fenced(fields), [*st.parameters(fields, self.adapt), run_id, fence])
+            return bool(cur.rowcount == 1)

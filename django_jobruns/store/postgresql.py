@@ -1,0 +1,75 @@
+"""PostgreSQL: every fenced write ONE statement; a plain claim returns the step ledger with the run."""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+
+from .base import ClaimedRow, Committed, DueRow, StepWrite, Store
+from .statements import RUN_FIELDS
+
+
+class PostgresStore(Store):
+    """PostgreSQL: data-modifying CTEs carry the fence check, the heartbeat and the write in one statement."""
+
+    returning = True
+
+    def claim(
+        self,
+        row: DueRow,
+        fence: int,
+        holder: str,
+        now: datetime,
+        expires: datetime,
+        *,
+        charge: dict[str, Any] | None = None,
+    ) -> ClaimedRow | None:
+        if charge is not None:
+            return super().claim(row, fence, holder, now, expires, charge=charge)
+        with self.connection.cursor() as cur:
+            cur.execute(self.statements.claim_with_ledger, self._claim_params(row, fence, holder, now, expires, None))
+            found = cur.fetchone()
+        if found is None:
+            return None
+        steps = found[len(RUN_FIELDS)]
+        ledger = [tuple(entry) for entry in steps] if steps else []
+        return self._claimed(found[: len(RUN_FIELDS)], now, ledger)
+
+    def record_step(self, write: StepWrite) -> tuple[bool, bool]:
+        st, at = self.statements, self.adapt
+        head = [at(write.expires), write.run_id, write.fence]
+        with self._savepoint_if_nested(), self.connection.cursor() as cur:
+            if write.exists:
+                cur.execute(
+                    st.update_step_fenced, [*head, write.result, write.attempts, write.error, at(write.at), write.step]
+                )
+            else:
+                cur.execute(
+                    st.insert_step_fenced, [*head, write.step, write.result, write.attempts, write.error, at(write.at)]
+                )
+            return cur.fetchone() is not None, True
+
+    def commit_pass(
+        self, run_id: str, fence: int, fields: dict[str, Any], *, drop_ledger: bool, read_back: bool = False
+    ) -> Committed | None:
+        st = self.statements
+        with self._savepoint_if_nested(), self.connection.cursor() as cur:
+            cur.execute(
+                st.commit_fenced(fields, drop_ledger=drop_ledger), [*st.parameters(fields, self.adapt), run_id, fence]
+            )
+            row = cur.fetchone()
+        return None if row is None else Committed(row[0])
+
+    def _savepoint_if_nested(self) -> Any:
+        """A savepoint around a one-statement write made inside the caller's transaction.
+
+        Outside any transaction the statement is its own and needs none. Inside
+        one (a test case, a caller's ``atomic``), a failed statement would
+        otherwise abort the caller's whole transaction.
+        """
+        if self.connection.in_atomic_block:
+            return transaction.atomic(using=self.alias)
+        return contextlib.nullcontext()

@@ -1,0 +1,186 @@
+"""The text of the engine's statements, built once per database from the models' names.
+
+Each attribute (or method, for a statement whose SET list depends on the
+transition written) is one whole statement: nothing is glued to another
+statement's text where it is used.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db.models import F
+from django.db.models.expressions import CombinedExpression, Value
+
+from ..models import JobRun, JobStep, Status
+
+#: The run's fields a claim returns (as the pass needs them).
+RUN_FIELDS = (
+    "id",
+    "module",
+    "job",
+    "instance",
+    "payload",
+    "status",
+    "cursor",
+    "counters",
+    "attempts",
+    "lease_fence",
+    "next_attempt_at",
+    "paused_at",
+)
+
+#: The due read's columns, in :class:`~django_jobruns.store.DueRow`'s order.
+DUE_FIELDS = ("id", "lease_fence", "module", "job", "lease_holder")
+
+
+def _columns(model: Any, quote: Any) -> dict[str, str]:
+    """Each field's column, quoted, by field name (``run`` → ``"run_id"``)."""
+    return {f.name: quote(f.column) for f in model._meta.concrete_fields}
+
+
+class Statements:
+    """The statements' text for one database (built once per vendor)."""
+
+    def __init__(self, wrapper: Any) -> None:
+        q = wrapper.ops.quote_name
+        r, s = _columns(JobRun, q), _columns(JobStep, q)
+        self.run_columns = r
+        run, step = q(JobRun._meta.db_table), q(JobStep._meta.db_table)
+        self.run_table, self.step_table = run, step
+        self._cache: dict[tuple[Any, ...], str] = {}
+        step_set = f"{s['result']} = %s, {s['attempts']} = %s, {s['last_error']} = %s, {s['recorded_at']} = %s"
+        step_columns = f"{s['run']}, {s['step']}, {s['result']}, {s['attempts']}, {s['last_error']}, {s['recorded_at']}"
+        self.columns = columns = ", ".join(r[name] for name in RUN_FIELDS)
+        # -- the claim: holder, expiry and the next fence, if the fence read with
+        # the due row is still the run's and its lease is free.
+        take = f"{r['lease_holder']} = %s, {r['lease_expires_at']} = %s, {r['lease_fence']} = %s"
+        free = (
+            f"{r['id']} = %s AND {r['lease_fence']} = %s "
+            f"AND ({r['lease_expires_at']} IS NULL OR {r['lease_expires_at']} <= %s)"
+        )
+        self.claim = f"UPDATE {run} SET {take} WHERE {free}"
+        self.claim_returning = f"UPDATE {run} SET {take} WHERE {free} RETURNING {columns}"
+        # The claim, the re-read and the ledger read in one round trip (PostgreSQL).
+        self.claim_with_ledger = (
+            f"WITH claimed AS (UPDATE {run} SET {take} WHERE {free} RETURNING {columns}) SELECT claimed.*, "
+            f"(SELECT json_agg(json_build_array({s['step']}, {s['result']}, {s['attempts']}, {s['last_error']})) "
+            f"FROM {step} WHERE {step}.{s['run']} = claimed.{r['id']}) FROM claimed"
+        )
+        # A takeover: the lease lapsed with a holder recorded. The charge of the
+        # silent pass (``transitions.charged``) is written by the same statement,
+        # first: MySQL evaluates SET left to right, with the values already assigned.
+        self._take = take
+        self._lapsed = (
+            f"{r['id']} = %s AND {r['lease_fence']} = %s "
+            f"AND {r['lease_holder']} IS NOT NULL AND {r['lease_expires_at']} <= %s"
+        )
+        self.read_run = f"SELECT {columns} FROM {run} WHERE {r['id']} = %s"
+        # The due read (JobRunQuerySet.due().in_due_order(), JobRun.is_due): runs
+        # in the order they became due -- a run backing off since its next
+        # attempt, any other since its start -- then by id; on PostgreSQL and
+        # SQLite one range of the partial jobruns_due_order index over the runs
+        # in flight. The status is spelled out, not a parameter, so the planner
+        # can match the partial index's predicate.
+        since = f"COALESCE({r['next_attempt_at']}, {r['started_at']})"
+        due = (
+            f"SELECT {', '.join(r[name] for name in DUE_FIELDS)}, {since} "
+            f"FROM {run} WHERE {r['status']} = '{Status.RUNNING.value}' AND {r['paused_at']} IS NULL "
+            f"AND ({r['next_attempt_at']} IS NULL OR {r['next_attempt_at']} <= %s) "
+            f"AND ({r['lease_expires_at']} IS NULL OR {r['lease_expires_at']} <= %s)"
+        )
+        self.due_first = f"{due} ORDER BY {since}, {r['id']} LIMIT %s"
+        self.due_after = (
+            f"{due} AND ({since} > %s OR ({since} = %s AND {r['id']} > %s)) ORDER BY {since}, {r['id']} LIMIT %s"
+        )
+        self.ledger = (
+            f"SELECT {s['step']}, {s['result']}, {s['attempts']}, {s['last_error']} FROM {step} WHERE {s['run']} = %s"
+        )
+        # -- fenced writes: each changes the run only while the fence is the claim's.
+        self._fenced = f"{r['id']} = %s AND {r['lease_fence']} = %s"
+        self.fence_holds = f"SELECT 1 FROM {run} WHERE {self._fenced}"
+        self.heartbeat = f"UPDATE {run} SET {r['lease_expires_at']} = %s WHERE {self._fenced}"
+        self.update_step = f"UPDATE {step} SET {step_set} WHERE {s['run']} = %s AND {s['step']} = %s"
+        self.insert_step = f"INSERT INTO {step} ({step_columns}) VALUES (%s, %s, %s, %s, %s, %s)"
+        self.drop_ledger = f"DELETE FROM {step} WHERE {s['run']} = %s"
+        self.paused_at = f"SELECT {r['paused_at']} FROM {run} WHERE {r['id']} = %s"
+        # PostgreSQL: the fence check, the heartbeat and the step's row in ONE statement.
+        fenced_cte = (
+            f"WITH fenced AS (UPDATE {run} SET {r['lease_expires_at']} = %s WHERE {self._fenced} RETURNING {r['id']})"
+        )
+        self.insert_step_fenced = (
+            f"{fenced_cte} INSERT INTO {step} ({step_columns}) "
+            f"SELECT {r['id']}, %s, %s, %s, %s, %s FROM fenced RETURNING 1"
+        )
+        self.update_step_fenced = (
+            f"{fenced_cte} UPDATE {step} SET {step_set} FROM fenced WHERE {step}.{s['run']} = fenced.{r['id']} "
+            f"AND {step}.{s['step']} = %s RETURNING 1"
+        )
+        self._drop_fenced = f"DELETE FROM {step} WHERE {s['run']} IN (SELECT {r['id']} FROM fenced)"
+
+    # -- statements whose SET list is the transition's fields (cached: passes write the same few sets)
+
+    def takeover(self, charge: dict[str, Any], *, returning: bool) -> str:
+        """The claim of a lapsed lease that also writes ``charge`` (the silent pass's failed attempt)."""
+        return self._cached(
+            ("takeover", tuple(charge), returning),
+            lambda: (
+                f"UPDATE {self.run_table} SET {self.assignments(charge)}, {self._take} WHERE {self._lapsed}"
+                + (f" RETURNING {self.columns}" if returning else "")
+            ),
+        )
+
+    def update_fenced(self, fields: dict[str, Any], *, returning_pause: bool = False) -> str:
+        """The UPDATE that writes ``fields`` if the run's fence is still the one given (its last two parameters)."""
+        return self._cached(
+            ("fenced", tuple(fields), returning_pause),
+            lambda: (
+                f"UPDATE {self.run_table} SET {self.assignments(fields)} WHERE {self._fenced}"
+                + (f" RETURNING {self.run_columns['paused_at']}" if returning_pause else "")
+            ),
+        )
+
+    def commit_fenced(self, fields: dict[str, Any], *, drop_ledger: bool) -> str:
+        """PostgreSQL's pass commit in one statement: the fenced UPDATE, the ledger dropped, the pause returned."""
+        r = self.run_columns
+        return self._cached(
+            ("commit", tuple(fields), drop_ledger),
+            lambda: (
+                f"WITH fenced AS (UPDATE {self.run_table} SET {self.assignments(fields)} WHERE {self._fenced} "
+                f"RETURNING {r['id']}, {r['paused_at']})"
+                + (f", dropped AS ({self._drop_fenced})" if drop_ledger else "")
+                + f" SELECT {r['paused_at']} FROM fenced"
+            ),
+        )
+
+    def assignments(self, fields: dict[str, Any]) -> str:
+        """``"col" = %s, …`` for these fields; an increment (``F(name) + 1``) is written as SQL, not a parameter."""
+        return ", ".join(f"{self.run_columns[name]} = {self._value(name, value)}" for name, value in fields.items())
+
+    @staticmethod
+    def parameters(fields: dict[str, Any], adapt: Any) -> list[Any]:
+        """The parameters of :meth:`assignments`: the plain values, datetimes adapted for the database."""
+        return [
+            adapt(v) if isinstance(v, datetime) else v for v in fields.values() if not hasattr(v, "resolve_expression")
+        ]
+
+    def _value(self, name: str, value: Any) -> str:
+        if not hasattr(value, "resolve_expression"):
+            return "%s"
+        if (
+            isinstance(value, CombinedExpression)
+            and value.connector == "+"
+            and isinstance(value.lhs, F)
+            and getattr(value.lhs, "name", None) == name
+            and isinstance(value.rhs, Value)
+            and type(value.rhs.value) is int
+        ):
+            return f"{self.run_columns[name]} + {value.rhs.value}"
+        raise TypeError(f"the store writes values and increments of a column by itself, not {value!r}")
+
+    def _cached(self, key: tuple[Any, ...], build: Any) -> str:
+        text = self._cache.get(key)
+        if text is None:
+            text = self._cache[key] = build()
+        return text

@@ -1,0 +1,134 @@
+"""Failures a pass records and lets go: exits, unprintable and unstorable errors, GiveUp (P9-P11)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from django.db import transaction
+
+from django_jobruns import GiveUp, RetryPolicy, run_due_jobs, start_job_run
+from django_jobruns.models import JobRun, JobStep, Status
+from tests import jobs
+from tests.conftest import effect_lines
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+# A's step record: the heartbeat (MariaDB) or the heartbeat-and-insert statement (PostgreSQL);
+# B's takeover claim, which charges the silent pass.
+
+
+@pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt()])
+def test_a_step_that_exits_is_recorded_and_does_not_starve_the_runs_behind_it(exc, clock):
+    def exits(p):
+        p.step("leave", lambda: (_ for _ in ()).throw(exc))
+        return {"done": True}
+
+    jobs.BEHAVIOUR["exits"] = exits
+    jobs.BEHAVIOUR["behind"] = lambda p: {"done": True}
+    first, _ = start_job_run("tests.scripted", instance="exits")
+    behind, _ = start_job_run("tests.scripted", instance="behind")
+    with pytest.raises(type(exc)):
+        run_due_jobs(now=clock, limit=5)
+    recorded = JobRun.objects.get(pk=first.pk)
+    assert recorded.status == Status.RUNNING and recorded.attempts == 1
+    assert recorded.last_error.startswith(f"step 'leave' failed (attempt 1 of 3): {type(exc).__name__}")
+    assert recorded.lease_holder is None and recorded.next_attempt_at > clock.now
+    assert JobStep.objects.get(run=first, step="leave").attempts == 1
+    # The next drive goes on with the run behind it; the one that exited waits out its backoff.
+    report = run_due_jobs(now=clock, limit=5)
+    assert report.completed == 1 and JobRun.objects.get(pk=behind.pk).status == Status.DONE
+
+
+def test_a_handler_that_calls_sys_exit_is_recorded_and_the_exit_goes_on():
+    run, _ = start_job_run("tests.scripted", instance="sysexit")
+    jobs.BEHAVIOUR["sysexit"] = lambda p: sys.exit(4)
+    with pytest.raises(SystemExit) as caught:
+        run_due_jobs()
+    assert caught.value.code == 4
+    after = JobRun.objects.get(pk=run.pk)
+    assert after.attempts == 1 and after.last_error.startswith("SystemExit: 4") and after.lease_holder is None
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text for you")
+
+
+@pytest.mark.parametrize(
+    "error, expect",
+    [
+        (ValueError("bad\x00byte"), "ValueError: bad\\x00byte"),
+        (ValueError("lone \udc80 surrogate"), "ValueError: lone \\udc80 surrogate"),
+        (Unprintable(), "Unprintable (its message could not be printed)"),
+        (ValueError("x" * 5_000_000), "ValueError: xxx"),
+    ],
+    ids=["nul", "surrogate", "unprintable", "megabytes"],
+)
+def test_every_failure_is_recordable_and_the_steps_own_policy_applies(error, expect, clock):
+    def handler(p):
+        p.step("upstream", lambda: (_ for _ in ()).throw(error), retry=RetryPolicy(max_attempts=1))
+        return {"done": True}
+
+    jobs.BEHAVIOUR["unstorable"] = handler
+    run, _ = start_job_run("tests.scripted", instance="unstorable")
+    report = run_due_jobs(now=clock)
+    after = JobRun.objects.get(pk=run.pk)
+    # The step's policy allows one attempt: the run fails now, with the error as it could be stored.
+    assert report.failed == 1 and report.unrecorded == []
+    assert after.status == Status.FAILED and after.attempts == 1
+    assert expect in after.last_error and len(after.last_error) <= 10_000
+    step = JobStep.objects.get(run=run, step="upstream")
+    assert step.attempts == 1 and expect in step.last_error and len(step.last_error) <= 10_000
+
+
+def test_a_step_inside_the_handlers_own_transaction_is_refused(effects, clock):
+    def handler(p):
+        with transaction.atomic():
+            p.step("inside", lambda: jobs.effect(str(effects), "run", "inside"))
+        return {"done": True}
+
+    jobs.BEHAVIOUR["atomic"] = handler
+    run, _ = start_job_run("tests.scripted", instance="atomic")
+    report = run_due_jobs(now=clock)
+    after = JobRun.objects.get(pk=run.pk)
+    assert report.failed == 1 and after.status == Status.FAILED
+    assert "inside a transaction the handler opened" in after.last_error
+    assert effect_lines(effects) == []
+
+
+def test_a_step_called_after_its_pass_ended_is_refused(clock):
+    kept = []
+
+    def handler(p):
+        kept.append(p)
+        return {"done": True}
+
+    jobs.BEHAVIOUR["late"] = handler
+    start_job_run("tests.scripted", instance="late")
+    assert run_due_jobs(now=clock).completed == 1
+    from django_jobruns.exceptions import StepOutsidePass
+
+    with pytest.raises(StepOutsidePass, match="after its pass ended"):
+        kept[0].step("late", lambda: 1)
+
+
+@pytest.mark.parametrize("where", ["step", "handler"])
+def test_give_up_fails_the_run_at_once_whatever_the_policy(where, clock):
+    def handler(p):
+        if where == "step":
+            p.step(
+                "lookup",
+                lambda: (_ for _ in ()).throw(GiveUp("supplier 7 no longer exists")),
+                retry=RetryPolicy(max_attempts=50),
+            )
+        raise GiveUp("supplier 7 no longer exists")
+
+    jobs.BEHAVIOUR[f"giveup-{where}"] = handler
+    run, _ = start_job_run("tests.scripted", instance=f"giveup-{where}")
+    report = run_due_jobs(now=clock)
+    after = JobRun.objects.get(pk=run.pk)
+    assert report.failed == 1 and report.retrying == 0
+    assert after.status == Status.FAILED and after.attempts == 1
+    assert "GiveUp: supplier 7 no longer exists" in after.last_error
