@@ -27,16 +27,16 @@ import os
 import secrets
 import socket
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from . import outcomes, signals, transitions
+from .db import Clock
 from .exceptions import InvalidDriveOptions, LeaseLost
 from .models import JobRun
 from .outcomes import LOST, TRANSIENT, Outcome, PassOutcome
-from .store import ClaimedRow, Committed, DueRow, StepWrite, store
+from .store import ClaimedRow, Committed, DueRow, Expiry, StepWrite, store
 
 logger = logging.getLogger("django_jobruns")
 
@@ -82,9 +82,10 @@ class Claim:
     #: The claim's fence: every write under it changes the run only while the run's fence is this.
     fence: int
     ttl: timedelta
-    clock: Callable[[], datetime]
-    #: When the lease runs out, as this worker last wrote it.
-    expires_at: datetime
+    clock: Clock
+    #: When the statement that last set the lease was sent (``clock.mark()``):
+    #: the lease runs out no sooner than ``ttl`` after it, by the database's clock.
+    sent: Any
     #: The holder whose silent pass this claim charged (a takeover), else ``None``.
     took_over_from: str | None = None
     #: Another claim took the run: nothing more is written under this one.
@@ -94,7 +95,7 @@ class Claim:
     store_failure: BaseException | None = None
 
     @classmethod
-    def take(cls, row: DueRow, holder: str, ttl: timedelta, clock: Callable[[], datetime]) -> Claimed | None:
+    def take(cls, row: DueRow, holder: str, ttl: timedelta, clock: Clock) -> Claimed | None:
         """Claim the run of ``row`` if nobody claimed it since it was read, or their claim expired.
 
         The next fence is the one read plus one. A row with a holder recorded
@@ -104,33 +105,36 @@ class Claim:
         now = clock()
         fence = row.fence + 1
         charge = None if row.holder is None else transitions.charged(outcomes.stopped_reporting(row.holder), now)
-        claimed = store().claim(row, fence, holder, now, now + ttl, charge=charge)
+        sent = clock.mark()
+        claimed = store().claim(row, fence, holder, Expiry(clock.lease_now(), ttl), now, charge=charge)
         if claimed is None:
             return None
-        return Claimed(cls(row.id, holder, fence, ttl, clock, now + ttl, took_over_from=row.holder), claimed)
+        return Claimed(cls(row.id, holder, fence, ttl, clock, sent, took_over_from=row.holder), claimed)
+
+    def lease_left(self) -> timedelta:
+        """How long the lease is sure to last, counted from when the statement that set it was sent."""
+        return self.ttl - self.clock.since(self.sent)
 
     def hold(self, step: str) -> None:
         """Start no step body on a lapsed lease: renew it if the claim still holds, else stop as lost (D11)."""
         if self.lost:
             raise LeaseLost(f"run {self.run_id}: the lease was taken over; step {step!r} not run")
-        now = self.clock()
-        if now < self.expires_at:
+        if self.lease_left() > timedelta(0):
             return
-        expiry = now + self.ttl
+        sent = self.clock.mark()
         try:
-            held = store().heartbeat(self.run_id, self.fence, expiry)
+            held = store().heartbeat(self.run_id, self.fence, Expiry(self.clock.lease_now(), self.ttl))
         except TRANSIENT as exc:
             self.store_failure = exc
             raise
         if not held:
             self.lost = True
             raise LeaseLost(f"run {self.run_id}: the lease lapsed and was taken; step {step!r} not run")
-        self.expires_at = expiry
+        self.sent = sent
 
     def record_step(self, step: str, result: str | None, attempts: int, error: str | None, *, exists: bool) -> None:
         """Write a step's record under the fence, renewing the lease with it (D3); :class:`LeaseLost` if taken."""
-        now = self.clock()
-        expiry = now + self.ttl
+        sent = self.clock.mark()
         write = StepWrite(
             self.run_id,
             self.fence,
@@ -138,10 +142,10 @@ class Claim:
             result,
             attempts,
             error,
-            now,
-            expires=expiry,
+            self.clock(),
+            expires=Expiry(self.clock.lease_now(), self.ttl),
             exists=exists,
-            lease_left=self.expires_at - now,
+            lease_left=self.lease_left(),
             ttl=self.ttl,
         )
         try:
@@ -153,23 +157,26 @@ class Claim:
             self.lost = True
             raise LeaseLost(f"run {self.run_id}: the lease was taken over while step {step!r} ran")
         if renewed:
-            self.expires_at = expiry
+            self.sent = sent
+
+    def extended(self) -> Expiry:
+        """The lease renewed by a write about to be sent: the value of ``lease_expires_at`` that keeps it."""
+        return Expiry(self.clock.lease_now(), self.ttl)
 
     def commit(self, fields: dict[str, Any], *, drop_ledger: bool) -> Committed | None:
         """Write a committed pass (``transitions.advanced``) and drop its ledger, in one transaction (P1).
 
         ``None``, and the claim lost, if another claim took the run. When the
-        fields keep the lease (a further pass follows), the claim's expiry moves
-        with them and the commit reads back the run's pause.
+        fields keep the lease (:meth:`extended`: a further pass follows), the
+        lease is counted again from this commit, which reads back the run's pause.
         """
-        keep_until = fields.get("lease_expires_at")
-        committed = store().commit_pass(
-            self.run_id, self.fence, fields, drop_ledger=drop_ledger, read_back=keep_until is not None
-        )
+        keeps = isinstance(fields.get("lease_expires_at"), Expiry)
+        sent = self.clock.mark()
+        committed = store().commit_pass(self.run_id, self.fence, fields, drop_ledger=drop_ledger, read_back=keeps)
         if committed is None:
             self.lost = True
-        elif keep_until is not None:
-            self.expires_at = keep_until
+        elif keeps:
+            self.sent = sent
         return committed
 
     def write(self, fields: dict[str, Any]) -> bool:

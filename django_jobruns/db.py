@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from django.db import connections, router
 from django.utils import timezone
@@ -40,49 +40,138 @@ def replace_if_broken() -> None:
         wrapper.close_if_unusable_or_obsolete()
 
 
-def database_clock() -> Callable[[], datetime]:
+class Clock(Protocol):
+    """The one clock of a drive (D12): what it writes, and how its leases are judged.
+
+    - ``clock()``: the time to write (``updated_at``, a backoff's next attempt)
+      and to judge a re-read row's backoff by;
+    - ``lease_now()``: the instant lease comparisons and expiries start from,
+      as a statement parameter; ``None`` means the database's own clock as the
+      statement runs, so no delay on either leg of the statement can move it;
+    - ``mark()`` / ``since(mark)``: how much time has passed since a statement
+      was *sent*, by which a holder counts down its own lease (an expiry the
+      database set starts no earlier than the statement was sent).
+    """
+
+    def __call__(self) -> datetime: ...
+    def lease_now(self) -> datetime | None: ...
+    def mark(self) -> Any: ...
+    def since(self, mark: Any) -> timedelta: ...
+    def refresh(self) -> None: ...
+
+
+#: How much faster this host's monotonic clock may run than the database's, as a
+#: fraction: a holder counts its lease down this much faster, to stay on the safe
+#: side of the database's clock (1e-3 is a thousand times NTP's usual bound).
+DRIFT = 1e-3
+
+
+class _Monotonic:
+    """A holder's lease counted on this process's monotonic clock from when its statement was sent."""
+
+    def mark(self) -> float:
+        return time.monotonic()
+
+    def since(self, mark: float) -> timedelta:
+        return timedelta(seconds=(time.monotonic() - mark) * (1 + DRIFT))
+
+    def refresh(self) -> None:
+        pass
+
+
+class HostClock(_Monotonic):
+    """SQLite's clock (and any database's without a clock statement): the host's, which writes the file."""
+
+    def __call__(self) -> datetime:
+        return timezone.now()
+
+    def lease_now(self) -> datetime:
+        return timezone.now()
+
+
+class ServerClock(_Monotonic):
+    """The database server's clock (PostgreSQL, MariaDB/MySQL).
+
+    Leases are judged and set by the server as each statement runs
+    (``lease_now()`` is ``None``), never from an estimate: a delay on the way
+    to the server (a connect, a busy pooler) or back cannot make a drive take
+    a lease that is live by the server's clock. What the engine writes as a
+    value (``updated_at``, a next attempt) comes from an estimate of the
+    server's clock -- a reading carried forward on the monotonic clock,
+    refreshed once a minute -- where an error of a round trip does no harm.
+    """
+
+    def __init__(self, wrapper: Any, statement: str) -> None:
+        self.wrapper = wrapper
+        self.statement = statement
+        settings = wrapper.settings_dict
+        self.key = (wrapper.alias, settings.get("HOST"), settings.get("PORT"), settings.get("NAME"))
+        self.refresh()
+
+    def refresh(self) -> None:
+        cached = _readings.get(self.key)
+        if cached is not None and time.monotonic() - cached[1] < CLOCK_REFRESH_SECONDS:
+            return
+        before = time.monotonic()
+        with self.wrapper.cursor() as cur:
+            cur.execute(self.statement)
+            row = cur.fetchone()
+        after = time.monotonic()
+        value: datetime = row[0]
+        if timezone.is_naive(value):
+            value = value.replace(tzinfo=UTC)
+        # The server read its clock somewhere inside the round trip: the middle
+        # is the best guess for values; nothing that a lease decides uses it.
+        _readings[self.key] = (value, (before + after) / 2)
+
+    def __call__(self) -> datetime:
+        value, at = _readings[self.key]
+        return value + timedelta(seconds=time.monotonic() - at)
+
+    def lease_now(self) -> None:
+        return None
+
+
+class InjectedClock:
+    """A clock a test (or a tool) gives ``run_due_jobs(now=...)``: the one clock of everything, leases included."""
+
+    def __init__(self, now: Callable[[], datetime]) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now()
+
+    def lease_now(self) -> datetime:
+        return self.now()
+
+    def mark(self) -> datetime:
+        return self.now()
+
+    def since(self, mark: datetime) -> timedelta:
+        return self.now() - mark
+
+    def refresh(self) -> None:
+        pass
+
+
+def database_clock() -> Clock:
     """The drive's clock: the database's, on PostgreSQL and MariaDB/MySQL (D12).
 
     Lease expiry, due-ness and backoff are compared across hosts, so they are
-    judged by one clock: the database server's, read once and carried forward
-    on this process's monotonic clock (immune to the host's clock being wrong
-    or stepped). A host whose clock runs fast therefore cannot take a live
-    lease. SQLite is one host's file: its clock is the host's.
+    judged by one clock: the database server's, as each statement runs. A host
+    whose clock runs fast or slow, or a statement delayed on either leg,
+    therefore cannot take a live lease. SQLite is one host's file: its clock is
+    the host's.
     """
     wrapper = connection()
     if wrapper.vendor == "postgresql":
-        statement = "SELECT clock_timestamp()"
-    elif wrapper.vendor == "mysql":
-        statement = "SELECT UTC_TIMESTAMP(6)"
-    else:
-        return timezone.now
-    settings = wrapper.settings_dict
-    key = (wrapper.alias, settings.get("HOST"), settings.get("PORT"), settings.get("NAME"))
-    cached = _readings.get(key)
-    if cached is not None and time.monotonic() - cached[1] < CLOCK_REFRESH_SECONDS:
-        return _carried(*cached)
-    before = time.monotonic()
-    with wrapper.cursor() as cur:
-        cur.execute(statement)
-        row = cur.fetchone()
-    after = time.monotonic()
-    value: datetime = row[0]
-    if timezone.is_naive(value):
-        value = value.replace(tzinfo=UTC)
-    # The server read its clock somewhere inside the round trip: take the middle.
-    _readings[key] = (value, (before + after) / 2)
-    return _carried(*_readings[key])
+        return ServerClock(wrapper, "SELECT clock_timestamp()")
+    if wrapper.vendor == "mysql":
+        return ServerClock(wrapper, "SELECT UTC_TIMESTAMP(6)")
+    return HostClock()
 
 
-#: A reading of the database's clock is reused for this long (the monotonic
-#: clock drifts from it by far less than a lease in that time), so a drive
-#: costs no extra statement but once a minute.
+#: A reading of the database's clock is reused for this long: it only dates what
+#: the engine writes as values, never a lease.
 CLOCK_REFRESH_SECONDS = 60.0
 _readings: dict[tuple[Any, ...], tuple[datetime, float]] = {}
-
-
-def _carried(value: datetime, at: float) -> Callable[[], datetime]:
-    def now() -> datetime:
-        return value + timedelta(seconds=time.monotonic() - at)
-
-    return now

@@ -57,7 +57,7 @@ class DriveOptions:
     jobs: tuple[Job, ...]
     stop: StopSignal | None
     #: The one clock of due-ness, backoff and lease expiry (D12).
-    clock: Callable[[], datetime]
+    clock: db.Clock
     #: Seconds of work with waits between (D14); ``None``: one bounded pass.
     budget: float | None
 
@@ -129,12 +129,12 @@ def _selected_jobs(value: Any) -> list[Job]:
     return [get_job(ref) for ref in refs]
 
 
-def _clock(value: Any) -> Callable[[], datetime]:
+def _clock(value: Any) -> db.Clock:
     if value is None:
         return db.database_clock()
     if not callable(value):
         raise InvalidDriveOptions(f"now must be a callable returning an aware datetime, got {value!r}")
-    return value  # type: ignore[no-any-return]
+    return db.InjectedClock(value)
 
 
 def _budget(value: Any) -> float | None:
@@ -214,8 +214,8 @@ def run_due_jobs(
     return report
 
 
-def due_rows(jobs: Iterable[Job], now: datetime, limit: int, scan_max: int, report: DriveReport) -> list[DueRow]:
-    """Read the oldest due runs of ``jobs``, until ``limit`` are found.
+def due_rows(jobs: Iterable[Job], now: datetime | None, limit: int, scan_max: int, report: DriveReport) -> list[DueRow]:
+    """Read the oldest due runs of ``jobs`` at ``now`` (``None``: by the database's clock), until ``limit`` are found.
 
     ``limit`` counts runnable runs, not rows read: runs of jobs this process
     does not drive (another deployment's, or a registration since removed) are
@@ -263,7 +263,8 @@ class _Drive:
         # the spares. Runs are taken oldest first; once a claim is lost to another
         # worker, the rest of the window is taken in random order, so workers
         # started together stop racing each other for the same next run.
-        rows = due_rows(options.jobs, options.clock(), min(2 * options.limit, scan_max), scan_max, report)
+        options.clock.refresh()
+        rows = due_rows(options.jobs, options.clock.lease_now(), min(2 * options.limit, scan_max), scan_max, report)
         if options.concurrency == 1 or len(rows) <= 1:
             pending = list(rows)
             contended = False

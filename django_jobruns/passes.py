@@ -365,7 +365,7 @@ def _run_pass(run: JobRun, job: Job, claim: Claim, release: bool, ledger: dict[s
         )
         logger.warning("run %s (%s.%s): %s", run.id, run.module, run.job, warning)
     now = claim.clock()
-    keep_until = None if done or release else now + claim.ttl
+    keep_until = None if done or release else claim.extended()
     counters_text = json.dumps(p._counters, separators=(",", ":"))
     fields = transitions.advanced(cursor, counters_text, now, done=done, lease_until=keep_until, warning=warning)
     committed = claim.commit(fields, drop_ledger=bool(ledger))

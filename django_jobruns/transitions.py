@@ -51,13 +51,13 @@ def advanced(
     now: datetime,
     *,
     done: bool,
-    lease_until: datetime | None,
+    lease_until: Any,
     warning: str | None = None,
 ) -> dict[str, Any]:
     """A pass committed: the run moves to ``cursor``, its attempts reset; ``done`` ends it.
 
-    ``lease_until`` keeps the lease for the drive's next pass of the run; ``None``
-    gives it back.
+    ``lease_until`` (the claim's ``extended()``) keeps the lease for the drive's
+    next pass of the run; ``None`` gives it back.
     """
     fields: dict[str, Any] = {
         "cursor": cursor,

@@ -146,3 +146,31 @@ def suicidal(p: Any) -> dict[str, Any]:
 
     p.step("die", die)
     return {"done": True}
+
+
+@job(retry=FAST_RETRY)
+def paced(p: Any) -> dict[str, Any]:
+    """Step ``a``, then ``think`` seconds of the handler's own work, then step ``c``.
+
+    Step ``c``'s body writes, as its effect, whether the run's lease is live by
+    the database's clock and whose it is as the body starts.
+    """
+    from django.db import connection
+
+    payload = p.payload
+    p.step("a", lambda: effect(payload["log"], p.run.id, "a"))
+    threading.Event().wait(payload["think"])  # the handler computing: no statement, no step
+
+    def c() -> str:
+        server_now = "clock_timestamp()" if connection.vendor == "postgresql" else "UTC_TIMESTAMP(6)"
+        with connection.cursor() as cur:
+            cur.execute(
+                f"SELECT lease_holder, lease_expires_at > {server_now} AS live "
+                "FROM django_jobruns_jobrun WHERE id = %s",
+                [p.run.id],
+            )
+            holder, live = cur.fetchone()
+        return effect(payload["log"], p.run.id, f"c:{holder}:{'live' if live else 'lapsed'}")
+
+    p.step("c", c)
+    return {"done": True}

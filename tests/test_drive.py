@@ -285,16 +285,18 @@ def test_d1_runs_are_taken_oldest_first(behaviour, clock):
 
 def test_d2_a_claim_lost_to_another_worker_is_made_up_from_the_spares(behaviour, clock):
     runs = _runs(behaviour, 4, lambda p: {"cursor": 1})
+    ids = {run.id for run in runs}
     lost: list[Any] = []
 
     def another_worker_claims_first(execute, sql, params, many, context):
         if "lease_holder` = %s" in sql.replace('"', "`") and not lost:
-            lost.append(params[3])  # the run this claim is for: another worker takes it first
+            # The run this claim is for: another worker takes it first.
+            lost.append(next(value for value in params if value in ids))
             with connection.cursor() as cur:
                 cur.execute(
                     "UPDATE django_jobruns_jobrun SET lease_fence = lease_fence + 1, lease_holder = 'other' "
                     "WHERE id = %s",
-                    [params[3]],
+                    [lost[0]],
                 )
         return execute(sql, params, many, context)
 

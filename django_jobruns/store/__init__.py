@@ -36,8 +36,9 @@ from .base import ClaimedRow, Committed, DueRow, Ledger, StepWrite, Store
 from .mysql import MySQLStore
 from .postgresql import PostgresStore
 from .sqlite import SQLiteStore
+from .statements import Expiry
 
-__all__ = ["ClaimedRow", "Committed", "DueRow", "Ledger", "StepWrite", "Store", "store"]
+__all__ = ["ClaimedRow", "Committed", "DueRow", "Expiry", "Ledger", "StepWrite", "Store", "store"]
 
 #: The store of each vendor; another vendor gets the portable one.
 STORES: dict[str, type[Store]] = {"postgresql": PostgresStore, "sqlite": SQLiteStore, "mysql": MySQLStore}

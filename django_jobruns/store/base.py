@@ -17,7 +17,7 @@ from django.utils.dateparse import parse_datetime
 
 from ..deadlocks import retry_deadlocks
 from ..models import JobRun
-from .statements import RUN_FIELDS, Statements
+from .statements import RUN_FIELDS, ClockSQL, Expiry, Statements
 
 #: The step ledger of a pass: (step, result, attempts, last_error) per recorded step.
 Ledger = list[tuple[str, "str | None", int, "str | None"]]
@@ -69,7 +69,7 @@ class StepWrite:
     error: str | None
     at: datetime
     #: The lease's new expiry, if this write renews it.
-    expires: datetime
+    expires: Expiry
     #: Whether the step has a row already (an earlier failed attempt).
     exists: bool
     #: How much of the lease is left, and its length: whether a renewal is due.
@@ -82,10 +82,12 @@ class Store:
 
     #: Whether the claim statement returns the row it claimed.
     returning = False
+    #: Where the statements' "now" comes from: a parameter, here.
+    clock_sql = ClockSQL()
 
     def __init__(self, alias: str) -> None:
         self.alias = alias
-        self.statements = Statements(connections[alias])
+        self.statements = Statements(connections[alias], self.clock_sql)
 
     @property
     def connection(self) -> Any:
@@ -97,14 +99,18 @@ class Store:
 
     # -- reads -------------------------------------------------------------------
 
-    def due(self, now: datetime, after: DueRow | None, limit: int) -> list[DueRow]:
-        """Up to ``limit`` runs due at ``now`` after the row ``after`` (from the first, if ``None``), in due order."""
-        st, at = self.statements, self.adapt(now)
+    def due(self, now: datetime | None, after: DueRow | None, limit: int) -> list[DueRow]:
+        """Up to ``limit`` runs due at ``now`` after the row ``after`` (from the first, if ``None``), in due order.
+
+        ``now`` ``None``: by the database's clock as the statement runs.
+        """
+        st = self.statements
+        at = st.now_params(now)
         with self.connection.cursor() as cur:
             if after is not None:
-                cur.execute(st.due_after, [at, at, after.due_since, after.due_since, after.id, limit])
+                cur.execute(st.due_after, [*at, *at, after.due_since, after.due_since, after.id, limit])
             else:
-                cur.execute(st.due_first, [at, at, limit])
+                cur.execute(st.due_first, [*at, *at, limit])
             return [DueRow(*row) for row in cur.fetchall()]
 
     def read_run(self, run_id: str, now: datetime) -> ClaimedRow | None:
@@ -127,12 +133,16 @@ class Store:
         row: DueRow,
         fence: int,
         holder: str,
+        expires: Expiry,
         now: datetime,
-        expires: datetime,
         *,
         charge: dict[str, Any] | None = None,
     ) -> ClaimedRow | None:
         """Take the run if its fence is still ``row.fence`` and its lease free; set ``fence``; return it re-read.
+
+        The lease is free, and its new expiry set, by ``expires.now`` -- the
+        database's clock as the statement runs, when that is ``None``. ``now``
+        judges the re-read run's backoff.
 
         One conditional UPDATE sets the holder, the expiry and the new fence. The
         fence read with the due row is compared, not the status: a run changed
@@ -146,7 +156,7 @@ class Store:
         the old holder committed while the claim waited for the row.
         """
         st = self.statements
-        params = self._claim_params(row, fence, holder, now, expires, charge)
+        params = self._claim_params(row, fence, holder, expires, charge)
         with self.connection.cursor() as cur:
             text = st.claim_returning if self.returning else st.claim
             if charge is not None:
@@ -160,11 +170,12 @@ class Store:
         return self.read_run(row.id, now)
 
     def _claim_params(
-        self, row: DueRow, fence: int, holder: str, now: datetime, expires: datetime, charge: dict[str, Any] | None
+        self, row: DueRow, fence: int, holder: str, expires: Expiry, charge: dict[str, Any] | None
     ) -> list[Any]:
-        at = self.adapt
-        params = [holder, at(expires), fence, row.id, row.fence, at(now)]
-        return params if charge is None else [*self.statements.parameters(charge, at), *params]
+        st = self.statements
+        take = [holder, *st.expiry_params(expires.now, expires.ttl), fence]
+        params = [*take, row.id, row.fence, *st.now_params(expires.now)]
+        return params if charge is None else [*st.parameters(charge), *params]
 
     def _claimed(self, row: tuple[Any, ...], now: datetime, ledger: Ledger | None = None) -> ClaimedRow:
         values = dict(zip(RUN_FIELDS, row, strict=False))
@@ -187,10 +198,11 @@ class Store:
 
     # -- fenced writes (the claim is their only caller) ----------------------------
 
-    def heartbeat(self, run_id: str, fence: int, expires: datetime) -> bool:
+    def heartbeat(self, run_id: str, fence: int, expires: Expiry) -> bool:
         """Extend the lease if ``fence`` is still the run's; return whether it was."""
+        st = self.statements
         with self.connection.cursor() as cur:
-            cur.execute(self.statements.heartbeat, [self.adapt(expires), run_id, fence])
+            cur.execute(st.heartbeat, [*st.expiry_params(expires.now, expires.ttl), run_id, fence])
             return bool(cur.rowcount == 1)
 
     def record_step(self, write: StepWrite) -> tuple[bool, bool]:
@@ -205,7 +217,10 @@ class Store:
             with transaction.atomic(using=self.alias), wrapper.cursor() as cur:
                 renew = self._renews(wrapper, write)
                 if renew:
-                    cur.execute(st.heartbeat, [at(write.expires), write.run_id, write.fence])
+                    cur.execute(
+                        st.heartbeat,
+                        [*st.expiry_params(write.expires.now, write.expires.ttl), write.run_id, write.fence],
+                    )
                     held = cur.rowcount == 1
                 else:
                     cur.execute(st.fence_holds, [write.run_id, write.fence])
@@ -239,7 +254,7 @@ class Store:
         more read inside the commit's transaction.
         """
         wrapper, st = self.connection, self.statements
-        params = [*st.parameters(fields, self.adapt), run_id, fence]
+        params = [*st.parameters(fields), run_id, fence]
         returning = self.returning
 
         def commit() -> Committed | None:
@@ -268,5 +283,5 @@ class Store:
         """Write ``fields`` (a transition) to the run if ``fence`` is still its fence; return whether it was."""
         st = self.statements
         with self.connection.cursor() as cur:
-            cur.execute(st.update_fenced(fields), [*st.parameters(fields, self.adapt), run_id, fence])
+            cur.execute(st.update_fenced(fields), [*st.parameters(fields), run_id, fence])
             return bool(cur.rowcount == 1)

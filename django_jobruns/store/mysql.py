@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .base import Store
+from .statements import MySQLClockSQL
 
 
 class MySQLStore(Store):
@@ -12,3 +13,5 @@ class MySQLStore(Store):
     row lock, checks the fence and renews the lease) and the write; the
     portable store's deadlock retries cover InnoDB's victims.
     """
+
+    clock_sql = MySQLClockSQL()

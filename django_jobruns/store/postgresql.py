@@ -9,28 +9,29 @@ from typing import Any
 from django.db import transaction
 
 from .base import ClaimedRow, Committed, DueRow, StepWrite, Store
-from .statements import RUN_FIELDS
+from .statements import RUN_FIELDS, Expiry, PostgresClockSQL
 
 
 class PostgresStore(Store):
     """PostgreSQL: data-modifying CTEs carry the fence check, the heartbeat and the write in one statement."""
 
     returning = True
+    clock_sql = PostgresClockSQL()
 
     def claim(
         self,
         row: DueRow,
         fence: int,
         holder: str,
+        expires: Expiry,
         now: datetime,
-        expires: datetime,
         *,
         charge: dict[str, Any] | None = None,
     ) -> ClaimedRow | None:
         if charge is not None:
-            return super().claim(row, fence, holder, now, expires, charge=charge)
+            return super().claim(row, fence, holder, expires, now, charge=charge)
         with self.connection.cursor() as cur:
-            cur.execute(self.statements.claim_with_ledger, self._claim_params(row, fence, holder, now, expires, None))
+            cur.execute(self.statements.claim_with_ledger, self._claim_params(row, fence, holder, expires, None))
             found = cur.fetchone()
         if found is None:
             return None
@@ -40,7 +41,7 @@ class PostgresStore(Store):
 
     def record_step(self, write: StepWrite) -> tuple[bool, bool]:
         st, at = self.statements, self.adapt
-        head = [at(write.expires), write.run_id, write.fence]
+        head = [*st.expiry_params(write.expires.now, write.expires.ttl), write.run_id, write.fence]
         with self._savepoint_if_nested(), self.connection.cursor() as cur:
             if write.exists:
                 cur.execute(
@@ -57,9 +58,7 @@ class PostgresStore(Store):
     ) -> Committed | None:
         st = self.statements
         with self._savepoint_if_nested(), self.connection.cursor() as cur:
-            cur.execute(
-                st.commit_fenced(fields, drop_ledger=drop_ledger), [*st.parameters(fields, self.adapt), run_id, fence]
-            )
+            cur.execute(st.commit_fenced(fields, drop_ledger=drop_ledger), [*st.parameters(fields), run_id, fence])
             row = cur.fetchone()
         return None if row is None else Committed(row[0])
 

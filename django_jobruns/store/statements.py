@@ -7,7 +7,8 @@ statement's text where it is used.
 
 from __future__ import annotations
 
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import F
@@ -35,6 +36,54 @@ RUN_FIELDS = (
 DUE_FIELDS = ("id", "lease_fence", "module", "job", "lease_holder")
 
 
+@dataclass(frozen=True)
+class Expiry:
+    """A lease's new expiry as a statement sets it: ``ttl`` after ``now`` (``None``: the database's clock)."""
+
+    now: datetime | None
+    ttl: timedelta
+
+
+class ClockSQL:
+    """Where a statement's "now" comes from: a parameter (the host's or an injected clock)."""
+
+    #: The instant lease comparisons are made at.
+    now = "%s"
+    #: A lease's new expiry.
+    expiry = "%s"
+
+    def now_params(self, now: datetime | None, adapt: Any) -> list[Any]:
+        if now is None:
+            raise ValueError("this database has no clock of its own in SQL: a statement needs the time as a parameter")
+        return [adapt(now)]
+
+    def expiry_params(self, expiry: Expiry, adapt: Any) -> list[Any]:
+        return [adapt(expiry.now + expiry.ttl)] if expiry.now is not None else self.now_params(None, adapt)
+
+
+class PostgresClockSQL(ClockSQL):
+    """PostgreSQL's own clock when no time is given: the statement's start, as the server received it."""
+
+    now = "COALESCE(%s, statement_timestamp())"
+    expiry = "COALESCE(%s, statement_timestamp()) + make_interval(secs => %s)"
+
+    def now_params(self, now: datetime | None, adapt: Any) -> list[Any]:
+        return [None if now is None else adapt(now)]
+
+    def expiry_params(self, expiry: Expiry, adapt: Any) -> list[Any]:
+        return [*self.now_params(expiry.now, adapt), expiry.ttl.total_seconds()]
+
+
+class MySQLClockSQL(PostgresClockSQL):
+    """MariaDB's and MySQL's own clock when no time is given: ``UTC_TIMESTAMP(6)``, the statement's start."""
+
+    now = "COALESCE(CAST(%s AS DATETIME(6)), UTC_TIMESTAMP(6))"
+    expiry = "COALESCE(CAST(%s AS DATETIME(6)), UTC_TIMESTAMP(6)) + INTERVAL %s MICROSECOND"
+
+    def expiry_params(self, expiry: Expiry, adapt: Any) -> list[Any]:
+        return [*self.now_params(expiry.now, adapt), expiry.ttl // timedelta(microseconds=1)]
+
+
 def _columns(model: Any, quote: Any) -> dict[str, str]:
     """Each field's column, quoted, by field name (``run`` → ``"run_id"``)."""
     return {f.name: quote(f.column) for f in model._meta.concrete_fields}
@@ -43,7 +92,10 @@ def _columns(model: Any, quote: Any) -> dict[str, str]:
 class Statements:
     """The statements' text for one database (built once per vendor)."""
 
-    def __init__(self, wrapper: Any) -> None:
+    def __init__(self, wrapper: Any, clock: ClockSQL) -> None:
+        self.clock = clock
+        self.adapt = wrapper.ops.adapt_datetimefield_value
+        now, expiry = clock.now, clock.expiry
         q = wrapper.ops.quote_name
         r, s = _columns(JobRun, q), _columns(JobStep, q)
         self.run_columns = r
@@ -55,10 +107,10 @@ class Statements:
         self.columns = columns = ", ".join(r[name] for name in RUN_FIELDS)
         # -- the claim: holder, expiry and the next fence, if the fence read with
         # the due row is still the run's and its lease is free.
-        take = f"{r['lease_holder']} = %s, {r['lease_expires_at']} = %s, {r['lease_fence']} = %s"
+        take = f"{r['lease_holder']} = %s, {r['lease_expires_at']} = {expiry}, {r['lease_fence']} = %s"
         free = (
             f"{r['id']} = %s AND {r['lease_fence']} = %s "
-            f"AND ({r['lease_expires_at']} IS NULL OR {r['lease_expires_at']} <= %s)"
+            f"AND ({r['lease_expires_at']} IS NULL OR {r['lease_expires_at']} <= {now})"
         )
         self.claim = f"UPDATE {run} SET {take} WHERE {free}"
         self.claim_returning = f"UPDATE {run} SET {take} WHERE {free} RETURNING {columns}"
@@ -74,7 +126,7 @@ class Statements:
         self._take = take
         self._lapsed = (
             f"{r['id']} = %s AND {r['lease_fence']} = %s "
-            f"AND {r['lease_holder']} IS NOT NULL AND {r['lease_expires_at']} <= %s"
+            f"AND {r['lease_holder']} IS NOT NULL AND {r['lease_expires_at']} <= {now}"
         )
         self.read_run = f"SELECT {columns} FROM {run} WHERE {r['id']} = %s"
         # The due read (JobRunQuerySet.due().in_due_order(), JobRun.is_due): runs
@@ -87,8 +139,8 @@ class Statements:
         due = (
             f"SELECT {', '.join(r[name] for name in DUE_FIELDS)}, {since} "
             f"FROM {run} WHERE {r['status']} = '{Status.RUNNING.value}' AND {r['paused_at']} IS NULL "
-            f"AND ({r['next_attempt_at']} IS NULL OR {r['next_attempt_at']} <= %s) "
-            f"AND ({r['lease_expires_at']} IS NULL OR {r['lease_expires_at']} <= %s)"
+            f"AND ({r['next_attempt_at']} IS NULL OR {r['next_attempt_at']} <= {now}) "
+            f"AND ({r['lease_expires_at']} IS NULL OR {r['lease_expires_at']} <= {now})"
         )
         self.due_first = f"{due} ORDER BY {since}, {r['id']} LIMIT %s"
         self.due_after = (
@@ -100,14 +152,15 @@ class Statements:
         # -- fenced writes: each changes the run only while the fence is the claim's.
         self._fenced = f"{r['id']} = %s AND {r['lease_fence']} = %s"
         self.fence_holds = f"SELECT 1 FROM {run} WHERE {self._fenced}"
-        self.heartbeat = f"UPDATE {run} SET {r['lease_expires_at']} = %s WHERE {self._fenced}"
+        self.heartbeat = f"UPDATE {run} SET {r['lease_expires_at']} = {expiry} WHERE {self._fenced}"
         self.update_step = f"UPDATE {step} SET {step_set} WHERE {s['run']} = %s AND {s['step']} = %s"
         self.insert_step = f"INSERT INTO {step} ({step_columns}) VALUES (%s, %s, %s, %s, %s, %s)"
         self.drop_ledger = f"DELETE FROM {step} WHERE {s['run']} = %s"
         self.paused_at = f"SELECT {r['paused_at']} FROM {run} WHERE {r['id']} = %s"
         # PostgreSQL: the fence check, the heartbeat and the step's row in ONE statement.
         fenced_cte = (
-            f"WITH fenced AS (UPDATE {run} SET {r['lease_expires_at']} = %s WHERE {self._fenced} RETURNING {r['id']})"
+            f"WITH fenced AS (UPDATE {run} SET {r['lease_expires_at']} = {expiry} WHERE {self._fenced} "
+            f"RETURNING {r['id']})"
         )
         self.insert_step_fenced = (
             f"{fenced_cte} INSERT INTO {step} ({step_columns}) "
@@ -158,14 +211,27 @@ class Statements:
         """``"col" = %s, …`` for these fields; an increment (``F(name) + 1``) is written as SQL, not a parameter."""
         return ", ".join(f"{self.run_columns[name]} = {self._value(name, value)}" for name, value in fields.items())
 
-    @staticmethod
-    def parameters(fields: dict[str, Any], adapt: Any) -> list[Any]:
-        """The parameters of :meth:`assignments`: the plain values, datetimes adapted for the database."""
-        return [
-            adapt(v) if isinstance(v, datetime) else v for v in fields.values() if not hasattr(v, "resolve_expression")
-        ]
+    def parameters(self, fields: dict[str, Any]) -> list[Any]:
+        """The parameters of :meth:`assignments`: the values, datetimes adapted, expiries as the clock sets them."""
+        params: list[Any] = []
+        for value in fields.values():
+            if isinstance(value, Expiry):
+                params += self.clock.expiry_params(value, self.adapt)
+            elif isinstance(value, datetime):
+                params.append(self.adapt(value))
+            elif not hasattr(value, "resolve_expression"):
+                params.append(value)
+        return params
+
+    def now_params(self, now: datetime | None) -> list[Any]:
+        return self.clock.now_params(now, self.adapt)
+
+    def expiry_params(self, now: datetime | None, ttl: timedelta) -> list[Any]:
+        return self.clock.expiry_params(Expiry(now, ttl), self.adapt)
 
     def _value(self, name: str, value: Any) -> str:
+        if isinstance(value, Expiry):
+            return self.clock.expiry
         if not hasattr(value, "resolve_expression"):
             return "%s"
         if (

@@ -1,0 +1,97 @@
+"""A TCP forwarder of the tests' own between a worker and the database, which delays what crosses it.
+
+It keeps both sockets open and never resets them: what a busy pooler, a stuck
+load balancer or a half-dead NAT does to a connection. A rule sees each chunk
+of bytes with its direction (``"up"``: worker to database, ``"down"``: back) and
+returns how many seconds to hold it; the chunks behind it wait too, in order.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+Rule = Callable[[str, bytes], float]
+
+
+class Forwarder:
+    def __init__(self, host: str, port: int, rule: Rule) -> None:
+        self.target = (host, port)
+        self.rule = rule
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.closed = threading.Event()
+        self.sockets: list[socket.socket] = []
+        #: How many chunks the rule held, by direction: evidence the fault was injected.
+        self.held = {"up": 0, "down": 0}
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closed.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            self.sockets += [client, server]
+            threading.Thread(target=self._pump, args=(client, server, "up"), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, "down"), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, direction: str) -> None:
+        while True:
+            try:
+                chunk = source.recv(65536)
+            except OSError:
+                return
+            if not chunk:
+                try:
+                    sink.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+                return
+            delay = self.rule(direction, chunk)
+            if delay > 0:
+                self.held[direction] += 1
+                # The held chunk's own delay; a close of the forwarder ends it early.
+                self.closed.wait(delay)
+            try:
+                sink.sendall(chunk)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.closed.set()
+        self.listener.close()
+        for sock in self.sockets:
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+
+@contextmanager
+def forwarding(host: str, port: int, rule: Rule) -> Iterator[Forwarder]:
+    forwarder = Forwarder(host, port, rule)
+    try:
+        yield forwarder
+    finally:
+        forwarder.close()
+
+
+#: What the engine's reading of the database's clock looks like on the wire: the
+#: statement going up, the column name of its answer coming down.
+CLOCK_READING = {
+    "up": (b"SELECT clock_timestamp()", b"SELECT UTC_TIMESTAMP(6)"),
+    "down": (b"clock_timestamp", b"UTC_TIMESTAMP(6)"),
+}
+
+
+def delay_clock_reading(direction: str, seconds: float) -> Rule:
+    """Hold the clock reading on one leg only (``"up"`` or ``"down"``) for ``seconds``."""
+
+    def rule(leg: str, chunk: bytes) -> float:
+        return seconds if leg == direction and any(mark in chunk for mark in CLOCK_READING[leg]) else 0.0
+
+    return rule

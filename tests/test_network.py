@@ -1,0 +1,117 @@
+"""The lease when the network lies (D12): statements delayed on one leg, through a TCP forwarder of the tests' own.
+
+The delay falls on the engine's reading of the database's clock alone -- what a
+connect or a busy pooler's queue does to the first statement of a connection --
+so a drive that trusted that reading would be out by half the delay. Leases are
+judged by the database's clock as each statement runs, and a holder counts its
+lease from when it sent the statement that set it, so neither leg can matter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from django_jobruns import start_job_run
+from django_jobruns.models import JobRun
+from tests.conftest import effect_lines, manage
+from tests.netfault import delay_clock_reading, forwarding
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif("connection.vendor == 'sqlite'", reason="SQLite's clock is the host's: no network"),
+]
+
+LATER = {
+    "postgresql": "clock_timestamp() + interval '1.5 seconds'",
+    "mysql": "UTC_TIMESTAMP(6) + INTERVAL 1500000 MICROSECOND",
+}
+
+
+def database() -> tuple[str, int]:
+    db = settings.DATABASES["default"]
+    return db["HOST"] or "127.0.0.1", int(db["PORT"])
+
+
+def through(port: int) -> dict[str, str]:
+    """A worker's environment with its database reached through the forwarder on ``port``."""
+    parts = urlsplit(os.environ["DATABASE_URL"])
+    user = f"{parts.username}@" if parts.username else ""
+    return {"DATABASE_URL": urlunsplit(parts._replace(netloc=f"{user}127.0.0.1:{port}"))}
+
+
+def wait_for_holder(run_id: str, holder: str, timeout: float = 60) -> None:
+    """Until the database says ``holder`` holds the run."""
+    deadline = time.monotonic() + timeout
+    while JobRun.objects.filter(pk=run_id, lease_holder=holder).count() == 0:
+        assert time.monotonic() < deadline, f"{holder} never claimed run {run_id}"
+        time.sleep(0.05)
+
+
+def test_a_drive_whose_clock_reading_is_delayed_on_the_way_there_takes_no_live_lease(effects):
+    """A live holder keeps its lease 1.5 s ahead; the drive's clock reading waits 4 s on the way up."""
+    run, _ = start_job_run("tests.walk", instance="held", payload={"log": str(effects), "steps": 1})
+    table, vendor = JobRun._meta.db_table, connection.vendor
+    stop = threading.Event()
+
+    def live_holder() -> None:
+        # Another worker, alive and renewing: its lease never has less than ~1.4 s left.
+        from django.db import connections
+
+        conn = connections.create_connection("default")
+        try:
+            while not stop.is_set():
+                with conn.cursor() as cur:
+                    cur.execute(
+                        f"UPDATE {table} SET lease_holder = 'A', lease_expires_at = {LATER[vendor]} WHERE id = %s",
+                        [run.id],
+                    )
+                stop.wait(0.1)
+        finally:
+            conn.close()
+
+    holder = threading.Thread(target=live_holder)
+    holder.start()
+    try:
+        host, port = settings.DATABASES["default"]["HOST"] or "127.0.0.1", int(settings.DATABASES["default"]["PORT"])
+        with forwarding(host, port, delay_clock_reading("up", 4.0)) as forwarder:
+            worker = manage(
+                "run_due_jobs", "--holder", "B", "--json", "--max-seconds", "3", extra_env=through(forwarder.port)
+            )
+            out, err = worker.communicate(timeout=120)
+        assert worker.returncode == 0, err
+        assert forwarder.held["up"] >= 1, "the clock reading was delayed"
+    finally:
+        stop.set()
+        holder.join()
+    report = json.loads(out)
+    assert report["attempted"] == 0 and report["taken_over"] == 0, report
+    assert effect_lines(effects) == [], "no step body ran under a second holder"
+    assert JobRun.objects.get(pk=run.pk).lease_holder == "A"
+
+
+def test_a_holder_whose_clock_reading_is_delayed_on_the_way_back_starts_no_step_on_a_lapsed_lease(effects):
+    """The holder's clock reading comes back 4 s late; it thinks 4 s between steps; another drive waits to take over."""
+    run, _ = start_job_run("tests.paced", instance="paced", payload={"log": str(effects), "think": 4.0})
+    with forwarding(*database(), delay_clock_reading("down", 4.0)) as forwarder:
+        holder = manage("run_due_jobs", "--holder", "A", "--lease-ttl", "5", extra_env=through(forwarder.port))
+        wait_for_holder(run.id, "A")
+        # B drives meanwhile, ready to take the run the moment its lease lapses by the database's clock.
+        other = manage("run_due_jobs", "--holder", "B", "--max-seconds", "60", "--lease-ttl", "5")
+        out, err = holder.communicate(timeout=120)
+    other.send_signal(signal.SIGTERM)
+    other.communicate(timeout=120)
+    assert holder.returncode == 0, err
+    assert forwarder.held["down"] >= 1, "the clock reading was delayed"
+    lines = [step for _, step in effect_lines(effects)]
+    started_c = [step for step in lines if step.startswith("c:")]
+    assert started_c and all(step == "c:A:live" for step in started_c), lines
