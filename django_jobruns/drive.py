@@ -198,12 +198,12 @@ def run_due_jobs(
     if not options.jobs:
         return report
     if options.budget is None:
-        _Drive(report, options, deadline=None).round()
+        _round(report, options, deadline=None)
         return report
     deadline = time.monotonic() + options.budget
     with waiting.Waiter(stop) as waiter:
         while True:
-            worked = _Drive(report, options, deadline).round()
+            worked = _round(report, options, deadline)
             if report.stopped or time.monotonic() >= deadline:
                 break
             if not worked:
@@ -212,6 +212,28 @@ def run_due_jobs(
                     report.stopped = True
                     break
     return report
+
+
+def _round(report: DriveReport, options: DriveOptions, deadline: float | None) -> bool:
+    """One round; a connection lost under its due read is replaced and the read made again (D15).
+
+    A run's own errors never reach here (each is reported on its run); what
+    does is the database failing under the due read or the clock's reading. A
+    drive with a time budget then waits and looks again, for as long as its
+    budget lasts; a single pass tries once more on a new connection, and
+    otherwise lets the error say the database cannot be reached.
+    """
+    for attempt in (1, 2):
+        try:
+            return _Drive(report, options, deadline).round()
+        except TRANSIENT as exc:
+            if db.connection().in_atomic_block:
+                raise  # the caller's transaction owns the connection
+            logger.warning("the due read failed (%s); replacing the connection", summary(exc))
+            db.replace_if_broken()
+            if attempt == 2 and deadline is None:
+                raise
+    return False
 
 
 def due_rows(jobs: Iterable[Job], now: datetime | None, limit: int, scan_max: int, report: DriveReport) -> list[DueRow]:

@@ -115,3 +115,43 @@ def test_a_holder_whose_clock_reading_is_delayed_on_the_way_back_starts_no_step_
     lines = [step for _, step in effect_lines(effects)]
     started_c = [step for step in lines if step.startswith("c:")]
     assert started_c and all(step == "c:A:live" for step in started_c), lines
+
+
+def drive_backend(marker: str) -> list[int]:
+    """The server-side ids of the worker's connections, found by what the server says they are doing."""
+    with connection.cursor() as cur:
+        if connection.vendor == "postgresql":
+            cur.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = %s AND pid <> pg_backend_pid()", [marker]
+            )
+        else:
+            cur.execute(
+                "SELECT id FROM information_schema.processlist WHERE db = DATABASE() AND id <> CONNECTION_ID() "
+                "AND command = 'Sleep'"
+            )
+        return [row[0] for row in cur.fetchall()]
+
+
+def test_a_connection_lost_while_the_drive_waits_for_work_is_replaced_and_the_drive_goes_on(effects):
+    """The server ends the waiting drive's connection; a run started afterwards is still driven, exit 0."""
+    marker = "jobruns-waiting"
+    worker = manage("run_due_jobs", "--max-seconds", "60", "--json", extra_env={"PGAPPNAME": marker})
+    wait_until(lambda: drive_backend(marker), "the drive to connect and wait")
+    victims = drive_backend(marker)
+    with connection.cursor() as cur:
+        for victim in victims:
+            cur.execute("SELECT pg_terminate_backend(%s)" if connection.vendor == "postgresql" else "KILL %s", [victim])
+    run, _ = start_job_run("tests.walk", instance="after-kill", payload={"log": str(effects), "steps": 1})
+    wait_until(lambda: JobRun.objects.get(pk=run.pk).status == "done", "the run to be driven to the end")
+    worker.send_signal(signal.SIGTERM)
+    out, err = worker.communicate(timeout=60)
+    assert worker.returncode == 0, err
+    assert json.loads(out)["completed"] == 1
+
+
+def wait_until(condition, what: str, timeout: float = 60) -> None:
+    """Until a condition the database reports holds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
