@@ -405,13 +405,32 @@ class _Drive:
         return False
 
     def release(self, claim: Claim) -> None:
-        try:
-            claim.release()
-        except Exception:
-            # Never raised: this runs in a finally that may be unwinding the
-            # pass's own error, which is the one the operator needs to see.
-            logger.exception("run %s: the lease could not be released; it lapses at its expiry", claim.run_id)
-            self.report.add(Count.UNRELEASED)
+        """Give the lease back; a connection lost under it is replaced and the release made again (D15).
+
+        A release that fails leaves the lease to lapse, and the takeover would
+        charge the run a pass that in fact committed: so it is tried twice.
+        """
+        for attempt in (1, 2):
+            try:
+                claim.release()
+                return
+            except TRANSIENT as exc:
+                if attempt == 1 and not db.connection().in_atomic_block:
+                    logger.warning(
+                        "run %s: the release failed (%s); again on a new connection", claim.run_id, summary(exc)
+                    )
+                    db.replace_if_broken()
+                    continue
+                self._unreleased(claim)
+            except Exception:
+                self._unreleased(claim)
+            return
+
+    def _unreleased(self, claim: Claim) -> None:
+        # Never raised: this runs in a finally that may be unwinding the
+        # pass's own error, which is the one the operator needs to see.
+        logger.exception("run %s: the lease could not be released; it lapses at its expiry", claim.run_id)
+        self.report.add(Count.UNRELEASED)
 
 
 def drive_run(

@@ -20,7 +20,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from django_jobruns import start_job_run
+from django_jobruns import run_due_jobs, start_job_run
 from django_jobruns.models import JobRun
 from tests.conftest import effect_lines, manage
 from tests.netfault import delay_clock_reading, forwarding
@@ -155,3 +155,37 @@ def wait_until(condition, what: str, timeout: float = 60) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
+
+
+def test_a_release_on_a_dropped_connection_is_made_on_a_new_one_and_never_charged(behaviour, clock):
+    """Every pass committed; the connection drops under the release: the run is not charged for it."""
+    stop = threading.Event()
+
+    def handler(p):
+        p.step("s", lambda: 1)
+        stop.set()  # SIGTERM arrives while the pass runs: the drive releases after it
+        return {"cursor": (p.cursor or 0) + 1}
+
+    behaviour["dropped"] = handler
+    run, _ = start_job_run("tests.scripted", instance="dropped")
+    dropped: list[str] = []
+    end_own_connection = {
+        "postgresql": "SELECT pg_terminate_backend(pg_backend_pid())",
+        "mysql": "KILL CONNECTION_ID()",
+    }[connection.vendor]
+
+    def drop_the_connection_under_the_release(execute, sql, params, many, context):
+        if stop.is_set() and not dropped and sql.startswith("UPDATE") and "lease_holder" in sql and "cursor" not in sql:
+            dropped.append(sql)
+            execute(end_own_connection, None, False, context)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(drop_the_connection_under_the_release):
+        report = run_due_jobs(now=clock, max_passes=3, stop=stop)
+    assert dropped, "the release's connection was dropped"
+    assert report.advanced == 1 and report.unreleased == 0, report
+    assert JobRun.objects.get(pk=run.pk).lease_holder is None, "released on a new connection"
+    clock.advance(minutes=10)
+    run_due_jobs(now=clock)
+    run.refresh_from_db()
+    assert (run.attempts, run.last_error, run.cursor) == (0, None, "2")
