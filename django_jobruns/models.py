@@ -105,6 +105,10 @@ class JobRun(models.Model):
     # restart, pruning's batched deletes), not by database constraints: a
     # constraint check per deleted row is what made retention slow at
     # millions of runs.
+    #: The run this one was restarted or resumed as (at most one: set with the
+    #: successor's insert, by a conditional UPDATE, so the database enforces it).
+    #: Kept after the successor is pruned.
+    restarted_as = models.CharField(max_length=26, null=True, blank=True, editable=False)
     restarted_from = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="restarts", db_constraint=False
     )

@@ -43,6 +43,8 @@ class JobRunRecord:
     lease_expires_at: datetime | None
     lease_fence: int
     restarted_from: str | None
+    #: The run this one was restarted or resumed as (kept after that run is pruned).
+    restarted_as: str | None
     decode_error: str | None
 
     @classmethod
@@ -89,6 +91,7 @@ class JobRunRecord:
             lease_expires_at=row.lease_expires_at,
             lease_fence=row.lease_fence,
             restarted_from=row.restarted_from_id,
+            restarted_as=row.restarted_as,
             decode_error=errors[0] if errors else None,
         )
 

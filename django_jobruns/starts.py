@@ -30,12 +30,20 @@ def _check_instance(instance: Any) -> str:
     return instance
 
 
-def _start_or_join(build: Callable[[], JobRun]) -> tuple[JobRun, bool]:
+class _Taken(Exception):
+    """The predecessor was restarted by another call first (raised inside the insert's transaction)."""
+
+
+def _start_or_join(
+    build: Callable[[], JobRun], *, before_insert: Callable[[JobRun], bool] | None = None
+) -> tuple[JobRun, bool]:
     """Insert the run unless a live one holds its key; then return that one.
 
     The database decides: the unique ``(module, job, instance, live)``
     constraint admits one live run per key, so concurrent starts from any
     number of threads, processes or hosts produce exactly one row.
+    ``before_insert`` writes in the insert's transaction (a restart's mark on
+    its predecessor); ``False`` from it raises :class:`_Taken` and inserts nothing.
     """
     for _ in range(_JOIN_TRIES):
         candidate = build()
@@ -43,6 +51,8 @@ def _start_or_join(build: Callable[[], JobRun]) -> tuple[JobRun, bool]:
 
         def insert(candidate: JobRun = candidate) -> None:
             with transaction.atomic(using=db.alias()):
+                if before_insert is not None and not before_insert(candidate):
+                    raise _Taken
                 candidate.save(force_insert=True)
 
         try:
@@ -101,25 +111,20 @@ def restart_job_run(run: JobRun | str, *, resume: bool = False) -> tuple[JobRun,
     The new run has its own id and ledger and records ``restarted_from``. With
     ``resume=True`` it carries the failed run's last committed cursor and
     counters; otherwise it starts from the beginning. A live run for the key is
-    joined instead (``created`` False). Refuses a run that is not failed, and a
-    failed run already restarted or resumed once (naming its successor): a
-    second restart would repeat what the successor did.
+    joined instead (``created`` False). At most once, enforced by the database:
+    restarting a run again joins its successor while that is live, and is
+    refused, naming it, once it has ended (pruned or not). Refuses a run that
+    is not failed.
     """
     run_id = run.pk if isinstance(run, JobRun) else run
-    current = JobRun.objects.using(db.alias()).filter(pk=run_id).first()
+    runs = JobRun.objects.using(db.alias())
+    current = runs.filter(pk=run_id).first()
     if current is None:
         raise NotRestartable(f"no run has the id {run_id!r}")
     if current.status != Status.FAILED:
         raise NotRestartable(f"run {current.id} is {current.status}; only a failed run can be restarted as a new run")
-    restarts = JobRun.objects.using(db.alias()).filter(restarted_from=current)
-    successor = restarts.order_by("id").values_list("id", flat=True).first()
-    if successor is not None:
-        # At most once: a second restart would repeat the work its successor did.
-        refused = NotRestartable(
-            f"run {current.id} was already restarted as run {successor}; restart that one if it failed"
-        )
-        refused.successor = successor
-        raise refused
+    if current.restarted_as is not None:
+        return _restarted_already(current)
 
     def build() -> JobRun:
         now = timezone.now()
@@ -135,7 +140,35 @@ def restart_job_run(run: JobRun | str, *, resume: bool = False) -> tuple[JobRun,
             updated_at=now,
         )
 
-    run, created = _start_or_join(build)
+    def mark(successor: JobRun) -> bool:
+        # At most once, by the database: of concurrent restarts, the one whose
+        # UPDATE finds the mark empty inserts; the others wait for its row lock,
+        # find the mark set, and insert nothing. Rolled back with a join.
+        return bool(
+            runs.filter(pk=current.pk, status=Status.FAILED, restarted_as__isnull=True).update(
+                restarted_as=successor.pk
+            )
+        )
+
+    try:
+        run, created = _start_or_join(build, before_insert=mark)
+    except _Taken:
+        current.refresh_from_db(fields=["restarted_as"])
+        return _restarted_already(current)
     if created:
         notify_due()
     return run, created
+
+
+def _restarted_already(current: JobRun) -> tuple[JobRun, bool]:
+    """Join the live successor of ``current`` (as a second start joins a live run), or refuse, naming it."""
+    successor = JobRun.objects.using(db.alias()).filter(pk=current.restarted_as).first()
+    if successor is not None and successor.status == Status.RUNNING:
+        return successor, False
+    # A second restart would repeat the work its successor did.
+    refused = NotRestartable(
+        f"run {current.id} was already restarted as run {current.restarted_as}; restart that one if it failed"
+        + ("" if successor is not None else " (it has since been pruned)")
+    )
+    refused.successor = current.restarted_as
+    raise refused

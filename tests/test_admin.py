@@ -453,7 +453,13 @@ def test_a_restarted_run_offers_no_second_restart(admin_client):
     admin_client.post(restart_url(old), {"resume": "1"})
     assert 'id="jobruns-restart"' not in admin_client.get(change_url(old)).content.decode()
     response = admin_client.post(restart_url(old), {"resume": "0"}, follow=True)
-    assert any("already restarted as run" in str(m) for m in response.context["messages"])
+    (successor,) = JobRun.objects.filter(restarted_from=old)
+    message = f"was already restarted as run {successor.pk}"
+    joined = [str(m) for m in response.context["messages"] if "still running: joined it" in str(m)]
+    assert joined and successor.pk in joined[0] and "was already restarted as run" in joined[0]
+    JobRun.objects.filter(pk=successor.pk).update(status=Status.DONE, live=None)
+    response = admin_client.post(restart_url(old), {"resume": "0"}, follow=True)
+    assert any(f"{message}; restart that one if it failed" in str(m) for m in response.context["messages"])
     assert JobRun.objects.filter(restarted_from=old).count() == 1
 
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+from datetime import timedelta
+
 import pytest
+from django.db import connections
 
 from django_jobruns import GiveUp, restart_job_run, run_due_jobs, start_job_run
 from django_jobruns.exceptions import JobRunsError, NotRestartable
@@ -88,3 +92,55 @@ def test_a_failed_run_is_restarted_at_most_once(clock):
             restart_job_run(run, resume=resume)
         assert caught.value.successor == successor.pk
     assert JobRun.objects.filter(instance="once").count() == 2
+
+
+def test_restarting_again_while_the_successor_is_live_joins_it(behaviour, clock):
+    old = failed_run(behaviour, clock, "live-successor")
+    successor, created = restart_job_run(old, resume=True)
+    assert created
+    again, created = restart_job_run(old)
+    assert (again.pk, created) == (successor.pk, False), "joined, as a second start joins the live run"
+    assert JobRun.objects.filter(restarted_from=old).count() == 1
+
+
+def test_a_pruned_successor_still_refuses_a_second_restart(behaviour, clock):
+    """The README's retention pattern prunes done runs; the failed run keeps the mark of its restart."""
+    from django_jobruns.pruning import prune_job_runs
+
+    old = failed_run(behaviour, clock, "pruned-successor")
+    successor, _ = restart_job_run(old)
+    behaviour["pruned-successor"] = lambda p: {"done": True}
+    run_due_jobs(now=clock)
+    assert JobRun.objects.get(pk=successor.pk).status == Status.DONE
+    JobRun.objects.filter(pk=successor.pk).update(ended_at=clock.now - timedelta(days=30))
+    prune_job_runs(older_than=timedelta(days=7), statuses=[Status.DONE])
+    assert not JobRun.objects.filter(pk=successor.pk).exists()
+    with pytest.raises(NotRestartable, match=f"already restarted as run {successor.pk}"):
+        restart_job_run(old)
+    assert JobRun.objects.filter(instance="pruned-successor").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_restarts_create_one_successor(behaviour, clock):
+    old = failed_run(behaviour, clock, "racing")
+    barrier = threading.Barrier(6)
+    results: list[tuple[str, bool] | str] = []
+
+    def restart() -> None:
+        barrier.wait()
+        try:
+            run, created = restart_job_run(old.pk)
+            results.append((run.pk, created))
+        except NotRestartable as exc:
+            results.append(str(exc))
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=restart) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    successors = list(JobRun.objects.filter(restarted_from=old).values_list("pk", flat=True))
+    assert len(successors) == 1, results
+    assert [r for r in results if isinstance(r, tuple) and r[1]] == [(successors[0], True)]

@@ -82,7 +82,7 @@ class RunActions(_AdminBase):
             obj is not None
             and obj.status == Status.FAILED
             and self.has_restart_permission(request)
-            and not obj.restarts.exists()
+            and obj.restarted_as is None
         )
         verbs = steering_verbs(obj, timezone.now()) if obj is not None and self.has_steer_permission(request) else []
         context["steering"] = [(verb, STEERING[verb][0]) for verb in verbs]
@@ -168,6 +168,18 @@ class RunActions(_AdminBase):
                     '{} failed run {} as new run <a href="{}">{}</a>.', verb, run.pk, change_url(new.pk), new.pk
                 ),
                 messages.SUCCESS,
+            )
+        elif new.restarted_from_id == run.pk:
+            self.message_user(
+                request,
+                format_html(
+                    'Run {} was already restarted as run <a href="{}">{}</a>, which is still running: joined it '
+                    "instead of starting another.",
+                    run.pk,
+                    change_url(new.pk),
+                    new.pk,
+                ),
+                messages.WARNING,
             )
         else:
             self.message_user(
