@@ -33,7 +33,7 @@ from typing import Any
 
 from . import outcomes, signals, transitions
 from .db import Clock
-from .exceptions import InvalidDriveOptions, LeaseLost
+from .exceptions import InvalidDriveOptions, LeaseLost, StepResultUnstorable
 from .models import JobRun
 from .outcomes import LOST, TRANSIENT, Outcome, PassOutcome
 from .store import ClaimedRow, Committed, DueRow, Expiry, StepWrite, store
@@ -151,6 +151,13 @@ class Claim:
         try:
             held, renewed = store().record_step(write)
         except TRANSIENT as exc:
+            if store().refused_for_size(write, exc):
+                # Permanent, whatever its class says: the run fails (P10) rather
+                # than sending the same statement for ever.
+                raise StepResultUnstorable(
+                    f"the database refused step {step!r}'s record as too large ({outcomes.summary(exc)}); "
+                    "lower JOBRUNS['STEP_RESULT_MAX_BYTES'] below its limit, or return less"
+                ) from exc
             self.store_failure = exc
             raise
         if not held:

@@ -8,6 +8,8 @@ key                    default                      meaning
 ``DRIVE_LIMIT``        ``50``                       runs one drive takes at most (``--limit``)
 ``SCAN_MAX``           ``500``                      rows one drive reads at most
 ``PAYLOAD_MAX_BYTES``  ``1_048_576``                largest payload or cursor, as JSON
+``STEP_RESULT_MAX_BYTES`` ``4_194_304``             largest step result, as JSON (below every
+                                                    database's default packet limit)
 =====================  ===========================  ==========================================
 
 Read on every use, never at import time, so ``override_settings`` works. System
@@ -28,6 +30,7 @@ DEFAULTS: dict[str, Any] = {
     "DRIVE_LIMIT": 50,
     "SCAN_MAX": 500,
     "PAYLOAD_MAX_BYTES": 1_048_576,
+    "STEP_RESULT_MAX_BYTES": 4_194_304,
 }
 
 
@@ -70,7 +73,7 @@ def problems(configured: Any) -> list[tuple[str, str]]:
         or (isinstance(ttl, (int, float)) and not isinstance(ttl, bool) and math.isfinite(ttl) and ttl > 0)
     ):
         found.append(("jobruns.E003", f"JOBRUNS['LEASE_TTL'] must be a positive timedelta or seconds, got {ttl!r}"))
-    for key in ("DRIVE_LIMIT", "SCAN_MAX", "PAYLOAD_MAX_BYTES"):
+    for key in ("DRIVE_LIMIT", "SCAN_MAX", "PAYLOAD_MAX_BYTES", "STEP_RESULT_MAX_BYTES"):
         value = configured.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             found.append(("jobruns.E003", f"JOBRUNS[{key!r}] must be a whole number >= 1, got {value!r}"))

@@ -234,6 +234,7 @@ class Pass:
                     f"step {name!r} returned {type(value).__name__}, which has no JSON form; "
                     "a step's result is stored, so return JSON-able data"
                 ) from exc
+            _check_result_size(name, stored)
         except BaseException as exc:
             self._record_step(name, None, attempts, storable(summary(exc)))
             self._failed_step = _StepFailure(name, attempts, policy, exc)
@@ -250,6 +251,19 @@ class Pass:
 
     def _unused_memos(self) -> list[str]:
         return sorted(name for name, row in self._ledger.items() if row.result is not None and name not in self._used)
+
+
+def _check_result_size(name: str, stored: str) -> None:
+    """Refuse a step result over ``JOBRUNS["STEP_RESULT_MAX_BYTES"]``: every database must be able to store it."""
+    from . import conf
+
+    cap = int(conf.get("STEP_RESULT_MAX_BYTES"))
+    size = len(stored.encode())
+    if size > cap:
+        raise StepResultUnstorable(
+            f"step {name!r} returned {size} bytes as JSON, over the cap of {cap} (JOBRUNS['STEP_RESULT_MAX_BYTES']); "
+            "a step's result is stored: keep large data elsewhere and return its key"
+        )
 
 
 def check_step_name(name: Any) -> None:

@@ -380,3 +380,46 @@ def test_step_result_without_a_json_form_fails_the_step_with_a_clear_message(beh
     assert "step 'odd' returned object, which has no JSON form" in report.errors[0][1]
     step = JobStep.objects.get(run=run, step="odd")
     assert step.result is None and step.attempts == 1
+
+
+def test_a_step_result_over_the_cap_fails_the_run_at_once_naming_the_cap(behaviour, clock, settings):
+    settings.JOBRUNS = {"STEP_RESULT_MAX_BYTES": 1000}
+    bodies: list[str] = []
+
+    def handler(p):
+        p.step("big", lambda: bodies.append("big") or "x" * 2000)
+        return {"done": True}
+
+    run = start(behaviour, "big-result", handler)
+    report = drive(clock)
+    assert report.failed == 1 and report.retrying == 0 and bodies == ["big"]
+    assert (
+        "step 'big' returned 2002 bytes as JSON, over the cap of 1000 (JOBRUNS['STEP_RESULT_MAX_BYTES'])"
+        in (report.errors[0][1])
+    )
+    run.refresh_from_db()
+    assert run.status == Status.FAILED
+
+
+@pytest.mark.skipif("connection.vendor != 'mysql'", reason="max_allowed_packet is MariaDB's and MySQL's")
+@pytest.mark.django_db(transaction=True)
+def test_a_step_result_the_database_refuses_fails_the_run_instead_of_looping(behaviour, clock, settings):
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("SELECT @@max_allowed_packet")
+        (packet,) = cur.fetchone()
+    settings.JOBRUNS = {"STEP_RESULT_MAX_BYTES": 4 * packet}
+    bodies: list[str] = []
+
+    def handler(p):
+        p.step("huge", lambda: bodies.append("huge") or "x" * (2 * packet))
+        return {"done": True}
+
+    run = start(behaviour, "huge-result", handler)
+    for _ in range(3):
+        drive(clock)
+        clock.advance(hours=2)
+    run.refresh_from_db()
+    assert bodies == ["huge"], "the body ran once"
+    assert run.status == Status.FAILED and "the database refused step 'huge'" in run.last_error

@@ -15,6 +15,7 @@ from django.db import connections, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from .. import db, outcomes
 from ..deadlocks import retry_deadlocks
 from ..models import JobRun
 from .statements import RUN_FIELDS, ClockSQL, Expiry, Statements
@@ -239,6 +240,15 @@ class Store:
                 return held, renew
 
         return retry_deadlocks(record, f"run {write.run_id}: record of step {write.step!r}")
+
+    def refused_for_size(self, write: StepWrite, exc: BaseException) -> bool:
+        """Whether the database refused this step record for its size (no retry makes it fit).
+
+        Asked only after the record failed. The connection is replaced first if
+        the server dropped it over the statement.
+        """
+        db.replace_if_broken()
+        return outcomes.too_large(exc)
 
     def _renews(self, wrapper: Any, write: StepWrite) -> bool:
         """Whether this step write renews the lease (else it only checks the fence)."""
