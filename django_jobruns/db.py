@@ -112,8 +112,10 @@ class ServerClock(_Monotonic):
         cached = _readings.get(self.key)
         if cached is not None and time.monotonic() - cached[1] < CLOCK_REFRESH_SECONDS:
             return
+        from . import watchdog
+
         before = time.monotonic()
-        with self.wrapper.cursor() as cur:
+        with watchdog.guarded(self.wrapper), self.wrapper.cursor() as cur:
             cur.execute(self.statement)
             row = cur.fetchone()
         after = time.monotonic()

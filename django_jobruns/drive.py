@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from django.utils import timezone
 
-from . import conf, db, waiting
+from . import conf, db, waiting, watchdog
 from .claims import Claim, Claimed, default_holder, holder_name
 from .exceptions import InvalidDriveOptions
 from .models import JobRun, Status
@@ -89,6 +89,15 @@ class DriveOptions:
             raise InvalidDriveOptions(f"stop must be a threading.Event (or have is_set()), got {stop!r}")
         clock = _clock(now)  # last: without ``now`` it reads the database's clock
         return cls(limit, max_passes, holder, ttl, concurrency, tuple(selected), stop, clock, budget)
+
+    @property
+    def statement_bound(self) -> float:
+        """The longest one statement of the drive may take (D15): half the drive's lease.
+
+        Then a statement hung by a partition is cut (and the drive goes on)
+        while a lease it set still holds.
+        """
+        return self.lease_ttl.total_seconds() / 2
 
     def lease_for(self, job: Job) -> timedelta:
         """A job's own lease (D13), else the drive's."""
@@ -278,6 +287,10 @@ class _Drive:
 
     def round(self) -> bool:
         """One pass over what is due now; return whether any run was claimed."""
+        with watchdog.bounding(self.options.statement_bound):
+            return self._round()
+
+    def _round(self) -> bool:
         options, report = self.options, self.report
         scan_max = int(conf.get("SCAN_MAX"))
         attempted = report.attempted
@@ -315,7 +328,8 @@ class _Drive:
 
     def handle_in_thread(self, row: DueRow) -> bool:
         try:
-            return self.handle(row)
+            with watchdog.bounding(self.options.statement_bound):
+                return self.handle(row)
         finally:
             db.connection().close()
 
@@ -465,5 +479,6 @@ def drive_run(
     lapsed = run.lease_expires_at is not None and run.lease_expires_at <= options.clock()
     held_by = run.lease_holder if lapsed else None
     row = DueRow(run.id, run.lease_fence, run.module, run.job, held_by, None)
-    _Drive(report, options, deadline=None).handle(row)
+    with watchdog.bounding(options.statement_bound):
+        _Drive(report, options, deadline=None).handle(row)
     return report

@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 import traceback
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import InterfaceError, OperationalError
 
@@ -32,8 +33,7 @@ _TOO_LARGE_CODES = (1153, 1301)
 
 def too_large(exc: BaseException) -> bool:
     """Whether the database refused a statement for its size: no retry makes it fit."""
-    cause = exc.__cause__ or exc
-    args = getattr(cause, "args", ())
+    args: Any = getattr(exc.__cause__ or exc, "args", None)
     return bool(args) and args[0] in _TOO_LARGE_CODES
 
 

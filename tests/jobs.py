@@ -162,6 +162,8 @@ def paced(p: Any) -> dict[str, Any]:
     threading.Event().wait(payload["think"])  # the handler computing: no statement, no step
 
     def c() -> str:
+        if not payload.get("probe", True):
+            return effect(payload["log"], p.run.id, "c")
         server_now = "clock_timestamp()" if connection.vendor == "postgresql" else "UTC_TIMESTAMP(6)"
         with connection.cursor() as cur:
             cur.execute(

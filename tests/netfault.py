@@ -26,6 +26,10 @@ class Forwarder:
         self.sockets: list[socket.socket] = []
         #: How many chunks the rule held, by direction: evidence the fault was injected.
         self.held = {"up": 0, "down": 0}
+        #: Set: a partition. Nothing crosses any more, both ways, and nothing is closed.
+        self.partitioned = threading.Event()
+        #: New connections accepted while partitioned (a worker trying to reconnect).
+        self.accepted_while_partitioned = 0
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -34,6 +38,8 @@ class Forwarder:
                 client, _ = self.listener.accept()
             except OSError:
                 return
+            if self.partitioned.is_set():
+                self.accepted_while_partitioned += 1
             server = socket.create_connection(self.target)
             self.sockets += [client, server]
             threading.Thread(target=self._pump, args=(client, server, "up"), daemon=True).start()
@@ -51,6 +57,8 @@ class Forwarder:
                 except OSError:
                     pass
                 return
+            if self.partitioned.is_set():
+                continue  # dropped: read (so the sender's kernel sees it taken) and never passed on
             delay = self.rule(direction, chunk)
             if delay > 0:
                 self.held[direction] += 1
@@ -72,8 +80,8 @@ class Forwarder:
 
 
 @contextmanager
-def forwarding(host: str, port: int, rule: Rule) -> Iterator[Forwarder]:
-    forwarder = Forwarder(host, port, rule)
+def forwarding(host: str, port: int, rule: Rule | None = None) -> Iterator[Forwarder]:
+    forwarder = Forwarder(host, port, rule or (lambda leg, chunk: 0.0))
     try:
         yield forwarder
     finally:

@@ -30,3 +30,22 @@ if os.environ.get("JOBRUNS_TEST_CLOCK_SKEW"):
     _real_now = _timezone.now
     _skew = _timedelta(seconds=float(os.environ["JOBRUNS_TEST_CLOCK_SKEW"]))
     _timezone.now = lambda: _real_now() + _skew
+
+if os.environ.get("JOBRUNS_TEST_STOP_AFTER_HEARTBEAT"):
+    # A worker that stops itself (SIGSTOP) right after the first heartbeat of a
+    # step record: stalled between the two statements of a fenced write.
+    import signal as _signal
+
+    from django.db.backends.signals import connection_created as _connection_created
+
+    def _stop_after_the_heartbeat(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if sql.startswith("UPDATE") and "SET `lease_expires_at`" in sql:
+            os.kill(os.getpid(), _signal.SIGSTOP)
+        return result
+
+    def _install(sender, connection, **kwargs):
+        if _stop_after_the_heartbeat not in connection.execute_wrappers:
+            connection.execute_wrappers.append(_stop_after_the_heartbeat)
+
+    _connection_created.connect(_install, weak=False)

@@ -16,10 +16,25 @@ from tests.factories import finished_runs
 pytestmark = pytest.mark.django_db
 
 _TRANSACTION_CONTROL = ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE")
+#: MariaDB's session bounds: once per connection of a drive, not per pass (pinned below).
+_PER_CONNECTION = ("SET SESSION",)
 
 
 def statements(ctx):
-    return [q["sql"] for q in ctx.captured_queries if not q["sql"].upper().startswith(_TRANSACTION_CONTROL)]
+    skipped = _TRANSACTION_CONTROL + _PER_CONNECTION
+    return [q["sql"] for q in ctx.captured_queries if not q["sql"].upper().startswith(skipped)]
+
+
+def test_a_drives_session_is_set_up_once_per_connection(behaviour, clock):
+    behaviour["session"] = lambda p: {"cursor": 1}
+    sets = []
+    for instance in ("first", "second"):
+        start_job_run("tests.scripted", instance=f"session-{instance}")
+        with CaptureQueriesContext(connection) as ctx:
+            run_due_jobs(now=clock)
+        sets.append([q["sql"] for q in ctx.captured_queries if q["sql"].upper().startswith(_PER_CONNECTION)])
+    assert sets[1] == [], "the second drive on the connection sets nothing"
+    assert len(sets[0]) <= 1 and (connection.vendor == "mysql") >= bool(sets[0])
 
 
 @pytest.mark.parametrize("k", [1, 3, 10])

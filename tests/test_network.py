@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import threading
 import time
 from urllib.parse import urlsplit, urlunsplit
@@ -142,7 +143,11 @@ def test_a_connection_lost_while_the_drive_waits_for_work_is_replaced_and_the_dr
         for victim in victims:
             cur.execute("SELECT pg_terminate_backend(%s)" if connection.vendor == "postgresql" else "KILL %s", [victim])
     run, _ = start_job_run("tests.walk", instance="after-kill", payload={"log": str(effects), "steps": 1})
-    wait_until(lambda: JobRun.objects.get(pk=run.pk).status == "done", "the run to be driven to the end")
+    try:
+        wait_until(lambda: JobRun.objects.get(pk=run.pk).status == "done", "the run to be driven to the end")
+    except AssertionError:
+        worker.kill()
+        raise AssertionError(worker.communicate()[1]) from None
     worker.send_signal(signal.SIGTERM)
     out, err = worker.communicate(timeout=60)
     assert worker.returncode == 0, err
@@ -189,3 +194,67 @@ def test_a_release_on_a_dropped_connection_is_made_on_a_new_one_and_never_charge
     run_due_jobs(now=clock)
     run.refresh_from_db()
     assert (run.attempts, run.last_error, run.cursor) == (0, None, "2")
+
+
+@pytest.mark.parametrize("stop_with", ["budget", "SIGTERM"])
+def test_a_partition_without_reset_ends_the_drive_within_its_budget_plus_one_lease(effects, stop_with):
+    """Traffic stops both ways between a step's body and its record, sockets open: the drive still ends."""
+    run, _ = start_job_run(
+        "tests.paced", instance=f"partitioned-{stop_with}", payload={"log": str(effects), "think": 2, "probe": False}
+    )
+    budget, lease = (6, 5) if stop_with == "budget" else (600, 5)
+    with forwarding(*database()) as forwarder:
+        worker = manage(
+            "run_due_jobs",
+            "--max-seconds",
+            str(budget),
+            "--lease-ttl",
+            str(lease),
+            extra_env={**through(forwarder.port), "PGAPPNAME": "jobruns-partitioned"},
+        )
+        wait_until(lambda: [step for _, step in effect_lines(effects)] == ["a"], "step a to complete")
+        forwarder.partitioned.set()  # the handler thinks for 2 s: its next statement is step c's
+        started = time.monotonic()
+        if stop_with == "SIGTERM":
+            worker.send_signal(signal.SIGTERM)
+        try:
+            out, err = worker.communicate(timeout=budget + lease + 30 if stop_with == "budget" else lease + 30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.communicate()
+            pytest.fail("the drive hung on the partition")
+    took = time.monotonic() - started
+    assert took < (budget if stop_with == "budget" else 0) + lease + 10, took
+    # The connection cut under the waiting driver; or, where the driver waits holding the
+    # interpreter's lock (mysqlclient), the process ended by the backstop.
+    assert "outlasted its bound" in err or "Timeout (" in err, err
+    # Nothing of the partitioned pass was charged: the run is taken again as after a kill.
+    assert JobRun.objects.get(pk=run.pk).status == "running"
+
+
+@pytest.mark.skipif("connection.vendor != 'mysql'", reason="a fenced write of two statements is MariaDB's and MySQL's")
+def test_a_worker_stalled_between_the_statements_of_a_fenced_write_freezes_no_run(effects):
+    """A holds the run's row lock between its heartbeat and its step record, and stops there (SIGSTOP)."""
+    run, _ = start_job_run("tests.walk", instance="stalled", payload={"log": str(effects), "steps": 1})
+    a = manage(
+        "run_due_jobs", "--holder", "A", "--lease-ttl", "5", extra_env={"JOBRUNS_TEST_STOP_AFTER_HEARTBEAT": "1"}
+    )
+    try:
+        wait_until(lambda: _state(a.pid) == "T", "A to stop between the two statements")
+        started = time.monotonic()
+        b = manage("run_due_jobs", "--holder", "B", "--lease-ttl", "5", "--max-seconds", "15", "--json")
+        out, err = b.communicate(timeout=120)
+        took = time.monotonic() - started
+    finally:
+        a.kill()
+        a.communicate()
+    assert b.returncode == 0, err
+    report = json.loads(out)
+    assert report["taken_over"] == 1 and report["completed"] == 1, (report, err)
+    assert took < 15 + 5 + 10, took
+    assert JobRun.objects.get(pk=run.pk).status == "done"
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]

@@ -7,6 +7,7 @@ caller of the fenced writes.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
@@ -15,7 +16,7 @@ from django.db import connections, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from .. import db, outcomes
+from .. import db, outcomes, watchdog
 from ..deadlocks import retry_deadlocks
 from ..models import JobRun
 from .statements import RUN_FIELDS, ClockSQL, Expiry, Statements
@@ -78,8 +79,46 @@ class StepWrite:
     ttl: timedelta
 
 
+#: The store's operations, each bounded by the drive's watchdog (a partition cannot hang it).
+GUARDED = (
+    "due",
+    "read_run",
+    "ledger",
+    "claim",
+    "heartbeat",
+    "record_step",
+    "commit_pass",
+    "write_fenced",
+    "refused_for_size",
+)
+
+
+def _guarded(method: Any) -> Any:
+    @functools.wraps(method)
+    def bounded(self: Store, *args: Any, **kwargs: Any) -> Any:
+        with watchdog.guarded(self.connection):
+            bound = watchdog.current_bound()
+            if bound is not None:
+                self.prepare_session(bound)
+            return method(self, *args, **kwargs)
+
+    bounded.guarded = True  # type: ignore[attr-defined]
+    return bounded
+
+
 class Store:
-    """The engine's statements on one database alias, portable to any database Django supports."""
+    """The engine's statements on one database alias, portable to any database Django supports.
+
+    Each operation in :data:`GUARDED`, in this class and its vendors', runs
+    under the drive's watchdog (its commit included).
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name in GUARDED:
+            method = cls.__dict__.get(name)
+            if method is not None and not getattr(method, "guarded", False):
+                setattr(cls, name, _guarded(method))
 
     #: Whether the claim statement returns the row it claimed.
     returning = False
@@ -89,6 +128,9 @@ class Store:
     def __init__(self, alias: str) -> None:
         self.alias = alias
         self.statements = Statements(connections[alias], self.clock_sql)
+
+    def prepare_session(self, bound: float) -> None:
+        """Set up a drive's connection once (after each connect) so a stalled peer cannot freeze it: nothing here."""
 
     @property
     def connection(self) -> Any:
@@ -295,3 +337,7 @@ class Store:
         with self.connection.cursor() as cur:
             cur.execute(st.update_fenced(fields), [*st.parameters(fields), run_id, fence])
             return bool(cur.rowcount == 1)
+
+
+for _name in GUARDED:
+    setattr(Store, _name, _guarded(getattr(Store, _name)))

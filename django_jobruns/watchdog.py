@@ -1,0 +1,154 @@
+"""A bound on each of the engine's statements, whatever the network does (D15).
+
+A partition that drops traffic without a reset (a stuck load balancer, a
+half-dead NAT) leaves a statement waiting for an answer that never comes, and
+neither the database drivers nor TCP keepalives end that wait. So a drive
+arms a bound on every statement of its own (:func:`guarded`, used by the
+store around each of its operations, commits included); one thread of the
+process cuts the connection of a statement that outlasts it -- a shutdown of
+its socket, which the driver reports as a lost connection -- and the engine
+replaces the connection and goes on, as after any lost connection.
+
+Connecting is bounded too: a drive's connections are opened with
+``connect_timeout`` unless the project set one.
+
+A driver call that waits on the network while holding the interpreter's lock
+(mysqlclient's ``autocommit`` and ``commit`` do) stops every Python thread,
+this one included. For that case a backstop outside the interpreter --
+``faulthandler``'s timer -- ends the process at twice the bound, printing
+where each thread was: the drive ends, and its run is taken over when the
+lease lapses, as after a kill.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import itertools
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+logger = logging.getLogger("django_jobruns")
+
+_local = threading.local()
+_lock = threading.Lock()
+_armed: dict[int, tuple[float, float, int]] = {}
+_tokens = itertools.count()
+_started = threading.Event()
+#: How often the watchdog looks at the armed statements.
+TICK = 0.1
+
+
+@contextlib.contextmanager
+def bounding(seconds: float | None) -> Iterator[None]:
+    """Bound each guarded statement this thread runs inside the block to ``seconds`` (``None``: unbounded)."""
+    previous = getattr(_local, "bound", None)
+    _local.bound = seconds
+    try:
+        yield
+    finally:
+        _local.bound = previous
+
+
+def current_bound() -> float | None:
+    """This thread's bound on a statement, inside :func:`bounding`; else ``None``."""
+    bound: float | None = getattr(_local, "bound", None)
+    return bound
+
+
+@contextlib.contextmanager
+def guarded(wrapper: Any) -> Iterator[None]:
+    """Cut ``wrapper``'s connection if the block outlasts this thread's bound."""
+    bound = getattr(_local, "bound", None)
+    if bound is None or wrapper.vendor not in NETWORKED:
+        yield  # outside a drive, or a database file on this host
+        return
+    _bound_connects(wrapper, bound)
+    # The socket is taken here, in the thread that owns the connection (a
+    # driver may refuse to be touched from another), as a duplicate: it stays
+    # this socket for as long as it is armed, whatever reuses the number.
+    wrapper.ensure_connection()
+    try:
+        sock = os.dup(wrapper.connection.fileno())
+    except Exception:
+        # A connection already lost: the statement finds that out through
+        # Django, which reports it as the engine's own error (and replaces it).
+        yield
+        return
+    token = next(_tokens)
+    now = time.monotonic()
+    with _lock:
+        _armed[token] = (now + bound, bound, sock)
+        if wrapper.vendor in HOLDS_THE_LOCK:
+            _arm_backstop(now, bound)
+    _start()
+    try:
+        yield
+    finally:
+        with _lock:
+            _armed.pop(token, None)
+        os.close(sock)
+
+
+#: The databases reached over a network: their statements are bounded.
+NETWORKED = ("postgresql", "mysql")
+#: The databases whose driver may wait on the network holding the interpreter's lock.
+HOLDS_THE_LOCK = ("mysql",)
+_backstop: list[float] = []  # when the armed backstop fires, if one is armed
+
+
+def _arm_backstop(now: float, bound: float) -> None:
+    """Arm ``faulthandler``'s timer to end the process twice the bound from now (under ``_lock``).
+
+    Re-armed only when less than a bound is left (arming starts a thread); the
+    watchdog disarms it once nothing has been armed for a tick.
+    """
+    if _backstop and _backstop[0] - now > bound + 1:
+        return
+    faulthandler.dump_traceback_later(2 * bound + 1, exit=True)
+    _backstop[:] = [now + 2 * bound + 1]
+
+
+def _bound_connects(wrapper: Any, bound: float) -> None:
+    options = wrapper.settings_dict.setdefault("OPTIONS", {})
+    if wrapper.vendor in ("postgresql", "mysql") and "connect_timeout" not in options:
+        options["connect_timeout"] = max(2, min(10, int(bound / 4)))
+
+
+def _start() -> None:
+    if _started.is_set():
+        return
+    with _lock:
+        if not _started.is_set():
+            threading.Thread(target=_watch, name="jobruns-watchdog", daemon=True).start()
+            _started.set()
+
+
+def _watch() -> None:
+    idle = threading.Event()
+    while True:
+        idle.wait(TICK)
+        now = time.monotonic()
+        with _lock:
+            for token, (deadline, bound, sock) in list(_armed.items()):
+                if now >= deadline:
+                    _armed.pop(token)
+                    _cut(sock, bound)
+            if _backstop and not _armed:
+                faulthandler.cancel_dump_traceback_later()
+                _backstop.clear()
+
+
+def _cut(fd: int, bound: float) -> None:
+    """Shut the socket down under the waiting driver: it reports a lost connection at once."""
+    logger.warning("a statement outlasted its bound of %.1f s (a partition?): its connection is cut", bound)
+    try:
+        with socket.socket(fileno=os.dup(fd)) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        logger.debug("could not cut the connection", exc_info=True)
