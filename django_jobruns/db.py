@@ -156,6 +156,15 @@ class InjectedClock:
         pass
 
 
+def now() -> datetime:
+    """The database's clock now (PostgreSQL, MariaDB: a reading carried forward, refreshed once a minute).
+
+    What a start, a cancel or a prune dates by: ``started_at`` orders the due
+    runs (D9), and a prune's cutoff must not follow a host whose clock is wrong.
+    """
+    return database_clock()()
+
+
 def database_clock() -> Clock:
     """The drive's clock: the database's, on PostgreSQL and MariaDB/MySQL (D12).
 

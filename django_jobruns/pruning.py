@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.utils import timezone
 
 from . import db
 from .models import TERMINAL, JobRun, JobStep
@@ -53,7 +52,7 @@ def prune_job_runs(
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= 100_000:
         raise ValueError(f"batch_size must be a whole number from 1 to 100000, got {batch_size!r}")
     try:
-        cutoff = (now or timezone.now()) - older_than
+        cutoff = (now or db.now()) - older_than
     except OverflowError:
         return 0  # older than anything a calendar holds: nothing qualifies
     using = db.alias()

@@ -7,7 +7,6 @@ from collections.abc import Callable
 from typing import Any
 
 from django.db import IntegrityError, OperationalError, transaction
-from django.utils import timezone
 
 from . import db
 from .deadlocks import TRIES, is_deadlock, retry_deadlocks
@@ -27,6 +26,8 @@ _JOIN_TRIES = 10
 def _check_instance(instance: Any) -> str:
     if not isinstance(instance, str) or not instance or len(instance) > 200:
         raise ValueError(f"instance must be non-empty text of at most 200 characters, got {instance!r:.300}")
+    if "\x00" in instance:
+        raise ValueError(f"instance {instance!r:.300} contains NUL, which databases cannot store")
     return instance
 
 
@@ -85,7 +86,7 @@ def start_job_run(job: Job | str, *, instance: str = "default", payload: Any = N
     text = dump_queue_safe(payload, "payload")
 
     def build() -> JobRun:
-        now = timezone.now()
+        now = db.now()
         return JobRun(
             module=entry.module, job=entry.name, instance=instance, payload=text, started_at=now, updated_at=now
         )
@@ -127,7 +128,7 @@ def restart_job_run(run: JobRun | str, *, resume: bool = False) -> tuple[JobRun,
         return _restarted_already(current)
 
     def build() -> JobRun:
-        now = timezone.now()
+        now = db.now()
         return JobRun(
             module=current.module,
             job=current.job,

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.utils import timezone
-
 from . import db, signals, transitions
 from .exceptions import NotLive
 from .models import JobRun, Status
@@ -61,7 +59,7 @@ def cancel_job_run(run: JobRun | str, *, reason: str = "") -> JobRun:
     """
     if not isinstance(reason, str):
         raise TypeError(f"reason must be text, got {reason!r:.100}")
-    now = timezone.now()
+    now = db.now()
     note = f"cancelled: {reason}" if reason else "cancelled"
     current = _steer(run, "cancelled", **transitions.cancelled(note[:10_000], now))
     signals.send_after_commit(
@@ -77,7 +75,7 @@ def cancel_job_run(run: JobRun | str, *, reason: str = "") -> JobRun:
 
 def pause_job_run(run: JobRun | str) -> JobRun:
     """Hold a live run: not due until unpaused; its key and cursor are kept. Idempotent."""
-    now = timezone.now()
+    now = db.now()
     run_id = _run_id(run)
     JobRun.objects.using(db.alias()).filter(pk=run_id, status=Status.RUNNING, paused_at__isnull=True).update(
         **transitions.paused(now)
@@ -87,7 +85,7 @@ def pause_job_run(run: JobRun | str) -> JobRun:
 
 def unpause_job_run(run: JobRun | str) -> JobRun:
     """Let a paused run go on where it stopped. Idempotent on a run that is not paused."""
-    now = timezone.now()
+    now = db.now()
     run_id = _run_id(run)
     JobRun.objects.using(db.alias()).filter(pk=run_id, status=Status.RUNNING, paused_at__isnull=False).update(
         **transitions.unpaused(now)

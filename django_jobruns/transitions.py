@@ -70,7 +70,8 @@ def advanced(
     if warning:
         fields["last_warning"] = warning
     if done:
-        fields.update(status=Status.DONE, ended_at=now, live=None)
+        # An operator's pause that landed during the last pass ends with the run.
+        fields.update(status=Status.DONE, ended_at=now, live=None, paused_at=None)
     if done or lease_until is None:
         fields.update(lease_holder=None, lease_expires_at=None)
     else:

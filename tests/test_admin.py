@@ -469,3 +469,13 @@ def test_search_finds_a_run_by_its_exact_id_instance_or_error(admin_client):
     for term in (wanted.pk, wanted.pk.lower(), "lier-42", "upstreamunavailable"):
         page = admin_client.get(reverse(CHANGELIST), {"q": term}).content.decode()
         assert wanted.pk in page and other.pk not in page, term
+
+
+def test_steering_and_restarting_need_the_view_permission_too():
+    run = make_run("blind")
+    blind = user_with("steer_jobrun", "restart_jobrun", username="blind")
+    assert blind.post(steer_url(run), {"verb": "cancel"}).status_code == 403
+    failed = failed_run("blind-failed")
+    assert blind.post(restart_url(failed), {"resume": "0"}).status_code == 403
+    run.refresh_from_db()
+    assert run.status == Status.RUNNING and not JobRun.objects.filter(restarted_from=failed).exists()

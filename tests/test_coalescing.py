@@ -155,3 +155,10 @@ def test_keys_differing_only_in_case_or_trailing_space_are_distinct_under_concur
         assert p.exitcode == 0
     assert sum(created for _, created in results) == 3, "one run per exact spelling"
     assert sorted(JobRun.objects.values_list("instance", flat=True)) == ["Supplier-7", "supplier-7", "supplier-7 "]
+
+
+@pytest.mark.django_db
+def test_an_instance_with_nul_is_refused_on_every_backend_and_creates_nothing():
+    with pytest.raises(ValueError, match="contains NUL"):
+        start_job_run("tests.walk", instance="a\x00b")
+    assert not JobRun.objects.exists()

@@ -258,3 +258,19 @@ def test_a_worker_stalled_between_the_statements_of_a_fenced_write_freezes_no_ru
 def _state(pid: int) -> str:
     with open(f"/proc/{pid}/stat") as stat:
         return stat.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_a_host_whose_clock_runs_ten_days_fast_prunes_nothing_that_just_ended():
+    """Starts, cancels and prunes date by the database's clock, not the host's."""
+    run, _ = start_job_run("tests.walk", instance="just-ended", payload={"log": "/dev/null"})
+    JobRun.objects.filter(pk=run.pk).update(status="done", live=None, ended_at=JobRun.objects.get(pk=run.pk).started_at)
+    pruner = manage("prune_job_runs", "--older-than", "7", extra_env={"JOBRUNS_TEST_CLOCK_SKEW": str(10 * 86400)})
+    out, err = pruner.communicate(timeout=60)
+    assert pruner.returncode == 0, err
+    assert JobRun.objects.filter(pk=run.pk).exists(), out
+    starter = manage(
+        "start_job_run", "tests.walk", "--instance", "fast-host", extra_env={"JOBRUNS_TEST_CLOCK_SKEW": str(10 * 86400)}
+    )
+    assert starter.wait(timeout=60) == 0
+    started = JobRun.objects.get(instance="fast-host").started_at
+    assert abs((started - JobRun.objects.get(pk=run.pk).started_at).total_seconds()) < 3600

@@ -150,3 +150,15 @@ def test_retry_now_skips_the_backoff(clock):
     assert run_due_jobs(now=clock).completed == 1
     with pytest.raises(JobRunsError, match="only a live run can be retried"):
         retry_job_run_now(run)
+
+
+def test_a_pause_landing_in_the_last_pass_leaves_no_done_run_marked_paused(clock):
+    def handler(p):
+        pause_job_run(p.run.id)  # an operator pauses while the last pass runs
+        return {"done": True}
+
+    jobs.BEHAVIOUR["paused-last"] = handler
+    run, _ = start_job_run("tests.scripted", instance="paused-last")
+    assert run_due_jobs(now=clock).completed == 1
+    run.refresh_from_db()
+    assert run.status == Status.DONE and run.paused_at is None

@@ -90,9 +90,10 @@ class RunActions(_AdminBase):
 
     def steer_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """Cancel, pause, unpause or retry now: POST only, CSRF-checked, permission-checked here."""
-        if not self.has_steer_permission(request):
-            raise PermissionDenied
         run = get_object_or_404(JobRun, pk=object_id)
+        # Acting on a run one may not see would steer by a guessed id.
+        if not (self.has_steer_permission(request) and self.has_view_permission(request, run)):
+            raise PermissionDenied
         verb = request.POST.get("verb", "")
         if verb not in STEERING:
             self.message_user(request, f"Unknown action {verb!r:.50}.", messages.ERROR)
@@ -146,9 +147,9 @@ class RunActions(_AdminBase):
 
     def restart_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """POST only (require_POST), CSRF-checked (admin_view), permission-checked here."""
-        if not self.has_restart_permission(request):
-            raise PermissionDenied
         run = get_object_or_404(JobRun, pk=object_id)
+        if not (self.has_restart_permission(request) and self.has_view_permission(request, run)):
+            raise PermissionDenied
         resume = request.POST.get("resume") == "1"
         new = self._restart(request, run, resume=resume)
         return HttpResponseRedirect(change_url(new.pk if new is not None else run.pk))
