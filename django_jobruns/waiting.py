@@ -7,7 +7,7 @@ import threading
 import time
 from typing import Any
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connections, transaction
 
 from . import db
 
@@ -38,6 +38,8 @@ def notify() -> None:
 #: (for backoffs ending and leases lapsing, which send none).
 POLL_SECONDS = 0.2
 LISTEN_POLL_SECONDS = 1.0
+#: How long a drive waits for its own probe NOTIFY before it concludes wake-ups cannot arrive.
+PROBE_SECONDS = 1.0
 #: The longest a wait goes without looking at the stop signal.
 _SLICE = 0.1
 
@@ -49,6 +51,10 @@ class Waiter:
         self.stop = stop
         self.woken = threading.Event()
         self.raw: Any = None
+        #: The connection whose LISTEN was checked to hear a NOTIFY.
+        self.probed: Any = None
+        #: Wake-ups cannot arrive on this database's connections: poll.
+        self.deaf = False
 
     def __enter__(self) -> Waiter:
         self._listen()
@@ -73,7 +79,7 @@ class Waiter:
         in ``pg_stat_activity`` which drives are waiting for work.
         """
         wrapper = db.connection()
-        if wrapper.vendor != "postgresql":
+        if wrapper.vendor != "postgresql" or self.deaf:
             return
         try:
             wrapper.ensure_connection()
@@ -82,8 +88,44 @@ class Waiter:
             # psycopg 3.2+: notifications that arrive while the drive works
             # wait in the connection's backlog. Other drivers: poll.
             self.raw = wrapper.connection if hasattr(wrapper.connection, "notifies") else None
+            if self.raw is not None and self.raw is not self.probed:
+                self._probe(wrapper)
         except DatabaseError:
             logger.warning("could not LISTEN for new work; polling instead", exc_info=True)
+            self.raw = None
+
+    def _probe(self, wrapper: Any) -> None:
+        """Check, once per connection, that a NOTIFY reaches this LISTEN; else poll at the SQLite rate.
+
+        Behind a pooler in transaction mode (PgBouncer's ``pool_mode =
+        transaction``) the LISTEN succeeds on whichever server connection ran
+        it, which then serves other clients: no wake-up ever arrives. The probe
+        tells, at the cost of one short-lived second connection and one
+        statement per drive connection (and a second of waiting where it fails).
+        """
+        token = f"probe:{id(self)}:{time.monotonic_ns()}"
+        # Sent from another connection, as a start would be: behind a pooler the
+        # drive's own statement could share its server connection and be heard.
+        other = connections.create_connection(wrapper.alias)
+        try:
+            with other.cursor() as cur:
+                cur.execute("SELECT pg_notify(%s, %s)", [CHANNEL, token])
+        finally:
+            other.close()
+        heard = False
+        for note in self.raw.notifies(timeout=PROBE_SECONDS, stop_after=1):
+            heard = note.payload == token
+            if not heard:
+                self.woken.set()  # real work announced meanwhile
+                heard = any(n.payload == token for n in self.raw.notifies(timeout=PROBE_SECONDS))
+        self.probed = self.raw
+        if not heard:
+            logger.warning(
+                "a NOTIFY sent on this connection never reached its LISTEN (a pooler in transaction mode, such "
+                "as PgBouncer's?): waking for new work by polling every %.1f s instead",
+                POLL_SECONDS,
+            )
+            self.deaf = True
             self.raw = None
 
     def stopped(self) -> bool:

@@ -49,3 +49,7 @@ if os.environ.get("JOBRUNS_TEST_STOP_AFTER_HEARTBEAT"):
             connection.execute_wrappers.append(_stop_after_the_heartbeat)
 
     _connection_created.connect(_install, weak=False)
+
+if os.environ.get("JOBRUNS_TEST_PGBOUNCER"):
+    # Behind PgBouncer in transaction mode: no server-side prepared statements (PgBouncer < 1.21).
+    _db.setdefault("OPTIONS", {})["prepare_threshold"] = None

@@ -274,3 +274,48 @@ def test_a_host_whose_clock_runs_ten_days_fast_prunes_nothing_that_just_ended():
     assert starter.wait(timeout=60) == 0
     started = JobRun.objects.get(instance="fast-host").started_at
     assert abs((started - JobRun.objects.get(pk=run.pk).started_at).total_seconds()) < 3600
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="PgBouncer is PostgreSQL's")
+@pytest.mark.skipif(
+    "not __import__('tests.pgbouncer').pgbouncer.available() and not os.environ.get('JOBRUNS_REQUIRE_PGBOUNCER')",
+    reason="needs Debian's pgbouncer",
+)
+def test_behind_pgbouncer_in_transaction_mode_the_drive_says_wake_ups_cannot_arrive_and_polls(effects):
+    from tests.pgbouncer import pgbouncer
+
+    name = settings.DATABASES["default"]["NAME"]
+    with connection.cursor() as cur:
+        cur.execute("SELECT clock_timestamp()")
+        (since,) = cur.fetchone()
+    with pgbouncer(*database(), name) as port:
+        worker = manage(
+            "run_due_jobs",
+            "--max-seconds",
+            "30",
+            "--json",
+            extra_env={**through(port), "JOBRUNS_TEST_PGBOUNCER": "1"},
+        )
+        wait_until(lambda: drive_backend("") is not None, "the drive to start")
+        run, _ = start_job_run("tests.walk", instance="pooled", payload={"log": str(effects), "steps": 1})
+        try:
+            wait_until(
+                lambda: JobRun.objects.get(pk=run.pk).status == "done", "the run to be driven through the pooler"
+            )
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            out, err = worker.communicate(timeout=60)
+    assert worker.returncode == 0, err
+    assert "never reached its LISTEN" in err and "polling every 0.2 s" in err, err
+    assert json.loads(out)["completed"] == 1
+
+
+def probed(since) -> bool:
+    """Whether a drive has sent its probe NOTIFY since ``since``, as the server says."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid() AND query LIKE %s AND query_start > %s",
+            ["SELECT pg_notify(%probe:%", since],
+        )
+        return bool(cur.fetchone()[0])
