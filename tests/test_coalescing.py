@@ -162,3 +162,20 @@ def test_an_instance_with_nul_is_refused_on_every_backend_and_creates_nothing():
     with pytest.raises(ValueError, match="contains NUL"):
         start_job_run("tests.walk", instance="a\x00b")
     assert not JobRun.objects.exists()
+
+
+@pytest.mark.skipif("connections['default'].vendor != 'mysql'", reason="collations are MariaDB's and MySQL's")
+@pytest.mark.django_db(transaction=True)
+def test_migrating_back_past_exact_keys_keeps_live_keys_that_differ_only_in_case():
+    from django.core.management import call_command
+
+    start_job_run("tests.walk", instance="Supplier-7")
+    start_job_run("tests.walk", instance="supplier-7")
+    try:
+        call_command("migrate", "django_jobruns", "0002", verbosity=0)
+        with connections["default"].cursor() as cur:
+            cur.execute("SELECT COUNT(*) FROM django_jobruns_jobrun WHERE live = 1")
+            assert cur.fetchone()[0] == 2
+    finally:
+        call_command("migrate", "django_jobruns", verbosity=0)
+    assert set(JobRun.objects.values_list("instance", flat=True)) == {"Supplier-7", "supplier-7"}
