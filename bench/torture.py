@@ -81,9 +81,9 @@ POSTGRES_DDL = [
            INSERT INTO torture_events (kind, run_id, fence, holder, note)
            VALUES ('claim', NEW.id, NEW.lease_fence, NEW.lease_holder,
                    -- another process took a lease that had not expired by the server's clock
-                   -- (with a margin for the engine's reading of it): a live lease taken.
+                   -- (which judges leases as each statement runs: no margin): a live lease taken.
                    CASE WHEN OLD.lease_holder IS NOT NULL AND OLD.lease_holder <> NEW.lease_holder
-                        AND OLD.lease_expires_at > clock_timestamp() + interval '200 milliseconds'
+                        AND OLD.lease_expires_at > clock_timestamp()
                         THEN 'live' END);
          END IF;
          RETURN NEW;
@@ -123,6 +123,15 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--skew-seconds", type=float, default=600.0)
     parser.add_argument(
+        "--partitions", type=int, default=0, help="PostgreSQL: workers cut off (traffic dropped, sockets open)"
+    )
+    parser.add_argument(
+        "--delays", type=int, default=0, help="PostgreSQL: workers whose clock reading is delayed on one leg"
+    )
+    parser.add_argument(
+        "--terminations", type=int, default=0, help="PostgreSQL: a worker's connection ended by the server"
+    )
+    parser.add_argument(
         "--allow-skew-on-sqlite",
         action="store_true",
         help="skewed workers on SQLite, whose one clock is the host's: shows the harness catching live leases taken",
@@ -131,9 +140,11 @@ def parse_args() -> argparse.Namespace:
     for name in ("workers", "runs", "passes", "steps", "poison_attempts"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
-    for name in ("kills", "poison", "stalls", "stops", "skewed_workers"):
+    for name in ("kills", "poison", "stalls", "stops", "skewed_workers", "partitions", "delays", "terminations"):
         if getattr(args, name) < 0:
             parser.error(f"--{name.replace('_', '-')} must be >= 0")
+    if (args.partitions or args.delays or args.terminations) and args.db != "postgres":
+        parser.error("--partitions, --delays and --terminations need PostgreSQL")
     if args.skewed_workers > args.workers:
         parser.error("--skewed-workers cannot exceed --workers")
     if args.skewed_workers and args.db == "sqlite" and not args.allow_skew_on_sqlite:
@@ -183,6 +194,11 @@ class Harness:
         # The third connection holding a worked run's row, and until when.
         self.stall: tuple[Any, float] | None = None
         self.stalls = 0
+        # The network faults: each PostgreSQL worker reaches the server through
+        # a forwarder of the harness's own (tests/netfault.py).
+        self.forwarders: dict[subprocess.Popen[bytes], Any] = {}
+        self.partitioned: dict[Any, float] = {}
+        self.partitions = self.delays = self.terminations = 0
 
     # -- set-up ----------------------------------------------------------------
 
@@ -224,6 +240,21 @@ class Harness:
         self.spawned += 1
         skewed = len(self.skewed) < self.args.skewed_workers
         env = {**self.env, "JOBRUNS_TEST_CLOCK_SKEW": str(self.args.skew_seconds)} if skewed else self.env
+        forwarder = None
+        if self.args.db == "postgres" and (self.args.partitions or self.args.delays or self.args.terminations):
+            from tests.netfault import delay_clock_reading, forwarding
+
+            rule = None
+            if self.delays < self.args.delays and self.rng.random() < 0.5:
+                rule = delay_clock_reading(self.rng.choice(["up", "down"]), self.args.lease_ttl * 0.8)
+                self.delays += 1
+            forwarder = forwarding("127.0.0.1", 5432, rule).__enter__()
+            env = {
+                **env,
+                "DATABASE_URL": f"postgres://postgres@127.0.0.1:{forwarder.port}/{POSTGRES_DB}",
+                "TORTURE_EVENTS_URL": self.url,
+                "PGAPPNAME": f"torture-{self.spawned}",
+            }
         # Short drives of random size, as cron would run them: every new worker
         # reads the due runs afresh and contends for them with the others.
         proc = subprocess.Popen(
@@ -245,6 +276,8 @@ class Harness:
             stderr=subprocess.STDOUT,
         )
         log.close()
+        if forwarder is not None:
+            self.forwarders[proc] = forwarder
         self.workers.append((proc, time.monotonic()))
         if skewed:
             self.skewed.add(proc)
@@ -294,6 +327,38 @@ class Harness:
             self.stall[0].close()
             self.stall = None
 
+    def partition_one(self) -> bool:
+        """Cut a worker off: its forwarder drops all traffic both ways, sockets kept open, past the lease."""
+        ready = [f for p, started in self.workers if (f := self.forwarders.get(p)) and f not in self.partitioned]
+        if not ready:
+            return False
+        victim = self.rng.choice(ready)
+        victim.partitioned.set()
+        self.partitioned[victim] = time.monotonic() + self.hold_past_lease()
+        self.partitions += 1
+        return True
+
+    def heal(self, *, every: bool = False) -> None:
+        for forwarder, until in list(self.partitioned.items()):
+            if every or time.monotonic() >= until:
+                forwarder.partitioned.clear()
+                del self.partitioned[forwarder]
+
+    def terminate_one(self) -> bool:
+        """The server ends one worker's connection, wherever its pass is."""
+        from django.db import connection
+
+        names = [f"torture-{n}" for n in range(self.spawned)]
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = ANY(%s) "
+                "ORDER BY random() LIMIT 1",
+                [names],
+            )
+            landed = cur.fetchone() is not None
+        self.terminations += landed
+        return landed
+
     def stop_one(self) -> bool:
         ready = [p for p, started in self.workers if p not in self.stopped and time.monotonic() - started > 0.3]
         if not ready:
@@ -339,11 +404,18 @@ class Harness:
         next_kill = time.monotonic() + self.rng.uniform(0.3, 1.2)
         next_stall = time.monotonic() + self.rng.uniform(0.3, 1.5)
         next_stop = time.monotonic() + self.rng.uniform(0.3, 1.5)
+        next_partition = time.monotonic() + self.rng.uniform(0.3, 1.5)
+        next_termination = time.monotonic() + self.rng.uniform(0.3, 1.5)
         hurry = False
         while True:
             if time.monotonic() > deadline:
                 raise SystemExit(f"gave up after {self.args.max_minutes} minutes with {self.running()} runs running")
             self.workers = [(p, t) for p, t in self.workers if p.poll() is None]
+            for proc in [p for p in self.forwarders if p.poll() is not None]:
+                forwarder = self.forwarders.pop(proc)
+                self.partitioned.pop(forwarder, None)
+                forwarder.close()
+            self.heal()
             self.skewed &= {p for p, _ in self.workers}
             self.end_stall()
             self.resume_stopped()
@@ -374,9 +446,16 @@ class Harness:
             if self.stops < self.args.stops and now >= next_stop:
                 landed = self.stop_one()
                 next_stop = now + (self.rng.uniform(0.2, 1.0) if landed else 0.1)
+            if self.partitions < self.args.partitions and now >= next_partition:
+                landed = self.partition_one()
+                next_partition = now + (self.rng.uniform(0.3, 1.5) if landed else 0.1)
+            if self.terminations < self.args.terminations and now >= next_termination:
+                landed = self.terminate_one()
+                next_termination = now + (self.rng.uniform(0.1, 0.6) if landed else 0.1)
             time.sleep(0.05)
         self.end_stall(force=True)
         self.resume_stopped(every=True)
+        self.heal(every=True)
         for proc, _ in self.workers:
             proc.send_signal(signal.SIGTERM)
         for proc, _ in self.workers:
@@ -397,7 +476,7 @@ class Harness:
             events = cur.fetchall()
         poison = {run.id: run for run in JobRun.objects.filter(job="poison", module="torture")}
         poison_bodies: dict[str, int] = defaultdict(int)
-        live_taken = 0
+        live_taken = lapsed_steps = 0
         effects: dict[tuple[str, str], list[int]] = defaultdict(list)
         memos: dict[tuple[str, str], int] = {}
         latest_claim: dict[str, int] = {}
@@ -412,6 +491,8 @@ class Harness:
         for event_id, kind, run_id, step, fence, _cursor_old, cursor_new, pid, backend, note in events:
             if kind == "claim" and note == "live":
                 live_taken += 1
+            if kind == "effect" and note == "lapsed":
+                lapsed_steps += 1
             if run_id in poison:
                 if kind == "effect":
                     poison_bodies[run_id] += 1
@@ -474,6 +555,10 @@ class Harness:
             "poison_failed": poison_failed,
             "poison_bodies": sum(poison_bodies.values()),
             "live_leases_taken": live_taken,
+            "steps_on_lapsed_lease": lapsed_steps,
+            "partitions": self.partitions,
+            "delays": self.delays,
+            "terminations": self.terminations,
             "stalls": self.stalls,
             "stops": self.stops,
             "skewed_workers": self.skewed_spawned,
@@ -525,6 +610,7 @@ def main() -> int:
         result["done"] == args.runs
         and result["poison_failed"] == args.poison
         and result["live_leases_taken"] == 0
+        and result["steps_on_lapsed_lease"] == 0
         and result["repeated_committed_steps"] == 0
         and result["overlapping_holders"] == 0
         and result["cursor_regressions"] == 0
@@ -544,6 +630,8 @@ def main() -> int:
         )
         + f" stalls={result['stalls']} stops={result['stops']} skewed_workers={result['skewed_workers']}"
         f" live_leases_taken={result['live_leases_taken']}"
+        f" partitions={result['partitions']} delays={result['delays']} terminations={result['terminations']}"
+        f" steps_on_lapsed_lease={result['steps_on_lapsed_lease']}"
     )
     return 0 if ok else 1
 

@@ -14,11 +14,31 @@ from django_jobruns import RetryPolicy, job
 
 from .kills import CURRENT, maybe_die
 
+_direct: list[Any] = []
+
 
 def _event(kind: str, run_id: str, step: str | None = None) -> None:
     # Autocommit, outside the app's transactions: durable the moment it
     # happens, whatever becomes of the step's memo or the pass. On PostgreSQL
     # the server process is recorded too: the commit trigger names it.
+    events_url = os.environ.get("TORTURE_EVENTS_URL")
+    if events_url and kind == "effect":
+        # A worker behind a faulty network: the effect goes straight to the
+        # server, with whether this process's lease was live by the server's
+        # clock as the body started -- a step on a lapsed lease is the fault.
+        import psycopg
+
+        from django_jobruns.claims import default_holder
+
+        if not _direct:
+            _direct.append(psycopg.connect(events_url, autocommit=True))
+        _direct[0].execute(
+            "INSERT INTO torture_events (kind, run_id, step, pid, note) SELECT %s, %s, %s, %s, "
+            "CASE WHEN r.lease_holder = %s AND r.lease_expires_at > clock_timestamp() THEN NULL ELSE 'lapsed' END "
+            "FROM django_jobruns_jobrun r WHERE r.id = %s",
+            [kind, run_id, step, os.getpid(), default_holder(), run_id],
+        )
+        return
     backend = "pg_backend_pid()" if connection.vendor == "postgresql" else "NULL"
     with connection.cursor() as cur:
         cur.execute(
