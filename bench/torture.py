@@ -242,13 +242,13 @@ class Harness:
         env = {**self.env, "JOBRUNS_TEST_CLOCK_SKEW": str(self.args.skew_seconds)} if skewed else self.env
         forwarder = None
         if self.args.db == "postgres" and (self.args.partitions or self.args.delays or self.args.terminations):
-            from tests.netfault import delay_clock_reading, forwarding
+            from tests.netfault import Forwarder, delay_clock_reading
 
             rule = None
             if self.delays < self.args.delays and self.rng.random() < 0.5:
                 rule = delay_clock_reading(self.rng.choice(["up", "down"]), self.args.lease_ttl * 0.8)
                 self.delays += 1
-            forwarder = forwarding("127.0.0.1", 5432, rule).__enter__()
+            forwarder = Forwarder("127.0.0.1", 5432, rule or (lambda leg, chunk: 0.0))
             env = {
                 **env,
                 "DATABASE_URL": f"postgres://postgres@127.0.0.1:{forwarder.port}/{POSTGRES_DB}",
@@ -348,7 +348,7 @@ class Harness:
         """The server ends one worker's connection, wherever its pass is."""
         from django.db import connection
 
-        names = [f"torture-{n}" for n in range(self.spawned)]
+        names = [f"torture-{n}" for n in range(self.spawned + 1)]
         with connection.cursor() as cur:
             cur.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = ANY(%s) "
