@@ -93,6 +93,13 @@ class Waiter:
         except DatabaseError:
             logger.warning("could not LISTEN for new work; polling instead", exc_info=True)
             self.raw = None
+        except Exception:
+            # The driver's own error (psycopg's, not Django's): the connection
+            # broke under the probe. Poll; the next statement replaces it.
+            logger.warning("lost the LISTEN connection; polling instead", exc_info=True)
+            self.raw = None
+            if not wrapper.in_atomic_block:
+                wrapper.close()
 
     def _probe(self, wrapper: Any) -> None:
         """Check, once per connection, that a NOTIFY reaches this LISTEN; else poll at the SQLite rate.

@@ -18,7 +18,7 @@ import signal
 import threading
 import time
 from collections import Counter
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from django.db import connection, connections, transaction
@@ -397,12 +397,15 @@ def test_a_worker_whose_clock_runs_ten_minutes_fast_cannot_take_a_live_lease(eff
     after = JobRun.objects.get(pk=run.pk)
     assert (after.lease_holder, after.lease_fence, after.attempts) == ("live-worker", 7, 0)
     assert effect_lines(effects) == []
-    # Its own clock still stamps what it starts: the skew is real in that process.
-    starter = manage(
-        "start_job_run", "tests.walk", "--instance", "stamped", extra_env={"JOBRUNS_TEST_CLOCK_SKEW": "600"}
+    # The skew is real in that process: its own clock reads ten minutes ahead.
+    shell = manage(
+        "shell",
+        "-c",
+        "from django.utils import timezone; print(timezone.now().isoformat())",
+        extra_env={"JOBRUNS_TEST_CLOCK_SKEW": "600"},
     )
-    starter.communicate(timeout=120)
-    assert JobRun.objects.get(instance="stamped").started_at > timezone.now() + timedelta(minutes=9)
+    printed, _ = shell.communicate(timeout=120)
+    assert datetime.fromisoformat(printed.split()[-1]) > timezone.now() + timedelta(minutes=9)
 
 
 def test_a_takeover_of_a_lapsed_lease_is_reported(clock):
