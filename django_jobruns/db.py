@@ -30,6 +30,11 @@ def connection() -> Any:
     return connections[alias()]
 
 
+def in_callers_transaction() -> bool:
+    """Whether this thread is inside a transaction its caller opened (a test case's own does not count)."""
+    return any(not getattr(block, "_from_testcase", False) for block in connection().atomic_blocks)
+
+
 def replace_if_broken() -> None:
     """Close this thread's connection if the server dropped it, so the next statement opens a new one.
 

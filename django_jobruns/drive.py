@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from . import conf, db, waiting, watchdog
 from .claims import Claim, Claimed, default_holder, holder_name
-from .exceptions import InvalidDriveOptions
+from .exceptions import DriveInTransaction, InvalidDriveOptions
 from .models import JobRun, Status
 from .outcomes import TRANSIENT, Outcome, summary
 from .passes import PassObserver as PassObserver  # the drive's hook for testing tools
@@ -185,6 +185,7 @@ def run_due_jobs(
     :class:`InvalidDriveOptions` before anything is claimed. A run's failure
     never escapes: it is recorded on the run and reported in ``errors``.
     """
+    _refuse_callers_transaction()
     options = DriveOptions.from_arguments(
         limit=limit,
         max_passes=max_passes,
@@ -221,6 +222,16 @@ def run_due_jobs(
                     report.stopped = True
                     break
     return report
+
+
+def _refuse_callers_transaction() -> None:
+    if db.in_callers_transaction():
+        raise DriveInTransaction(
+            "run_due_jobs was called inside a database transaction (transaction.atomic, ATOMIC_REQUESTS): "
+            "its commits would roll back with it and the passes it reports would be lost. Drive outside the "
+            "transaction: transaction.on_commit(lambda: run_due_jobs(...)) from inside one, or "
+            "`manage.py run_due_jobs` from a scheduler"
+        )
 
 
 def _round(report: DriveReport, options: DriveOptions, deadline: float | None) -> bool:
@@ -460,6 +471,7 @@ def drive_run(
     For tests and tools that must not touch the other runs in the table.
     Raises ``LookupError`` for an unknown id.
     """
+    _refuse_callers_transaction()
     options = DriveOptions(
         limit=1,
         max_passes=positive_int(max_passes, "max_passes"),

@@ -43,6 +43,14 @@ class InvalidDriveOptions(JobRunsError, ValueError):
     """An option of ``run_due_jobs`` cannot mean what it says; nothing was claimed."""
 
 
+class DriveInTransaction(JobRunsError, RuntimeError):
+    """``run_due_jobs`` was called inside a transaction the caller opened; nothing was claimed.
+
+    Its commits would roll back with the caller's transaction, and the passes
+    it reported would be lost.
+    """
+
+
 class InvalidPassResult(JobRunsError, ValueError):
     """A handler returned something other than ``None`` or ``{"cursor": …, "done": …}``."""
 

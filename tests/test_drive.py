@@ -372,3 +372,27 @@ def test_the_report_counts_runs_of_jobs_this_process_does_not_register(clock):
     report = run_due_jobs(now=clock)
     assert report.unregistered == 1 and report.completed == 1
     assert "unregistered=1" in report.summary()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_drive_inside_the_callers_transaction_is_refused_and_claims_nothing(behaviour, clock):
+    """Its commits would roll back with the caller's transaction, and the passes it reported be lost."""
+    from django.db import transaction
+
+    from django_jobruns.exceptions import DriveInTransaction
+
+    (run,) = _runs(behaviour, 1, lambda p: {"cursor": 1})
+    with transaction.atomic():
+        with pytest.raises(DriveInTransaction, match=r"inside a database transaction .*transaction\.on_commit"):
+            run_due_jobs(now=clock)
+        with pytest.raises(DriveInTransaction):
+            drive_run_by_id(run.id, clock)
+    run.refresh_from_db()
+    assert run.lease_holder is None and run.cursor is None
+    assert run_due_jobs(now=clock).advanced == 1, "outside the transaction it drives"
+
+
+def drive_run_by_id(run_id, clock):
+    from django_jobruns.drive import drive_run
+
+    return drive_run(run_id, now=clock)
