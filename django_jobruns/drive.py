@@ -9,15 +9,13 @@ that fence, and the lease is given back in ``finally``.
 from __future__ import annotations
 
 import logging
-import math
 import random
 import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any
 
 from django.utils import timezone
 
@@ -25,135 +23,17 @@ from . import conf, db, waiting, watchdog
 from .claims import Claim, Claimed, default_holder, holder_name
 from .exceptions import DriveInTransaction, InvalidDriveOptions
 from .models import JobRun, Status
+from .options import DriveOptions, StopSignal, drive_clock, lease_length, positive_int
 from .outcomes import TRANSIENT, Outcome, summary
 from .passes import PassObserver as PassObserver  # the drive's hook for testing tools
 from .passes import load_ledger, observing, run_pass
-from .registry import Job, get_job, lookup, registered_jobs
+from .registry import Job, lookup
 from .report import Count, DriveReport
-from .retry import as_timedelta
 from .store import DueRow, store
 
 __all__ = ["DriveOptions", "DriveReport", "PassObserver", "default_holder", "drive_run", "observing", "run_due_jobs"]
 
 logger = logging.getLogger("django_jobruns")
-
-#: ``max_passes`` with a time budget and no cap of its own: the budget bounds the passes.
-_UNLIMITED = 10**9
-
-
-class StopSignal(Protocol):
-    def is_set(self) -> bool: ...
-
-
-@dataclass(frozen=True)
-class DriveOptions:
-    """What one drive was asked to do, checked (D6): built by :meth:`from_arguments`, never changed."""
-
-    limit: int
-    max_passes: int
-    holder: str
-    lease_ttl: timedelta
-    concurrency: int
-    jobs: tuple[Job, ...]
-    stop: StopSignal | None
-    #: The one clock of due-ness, backoff and lease expiry (D12).
-    clock: db.Clock
-    #: Seconds of work with waits between (D14); ``None``: one bounded pass.
-    budget: float | None
-
-    @classmethod
-    def from_arguments(
-        cls,
-        *,
-        limit: Any = None,
-        max_passes: Any = None,
-        holder: Any = None,
-        lease_ttl: Any = None,
-        concurrency: Any = 1,
-        jobs: Any = None,
-        stop: Any = None,
-        now: Any = None,
-        max_seconds: Any = None,
-    ) -> DriveOptions:
-        """Check ``run_due_jobs``'s arguments: :class:`InvalidDriveOptions` names the first that is wrong."""
-        limit = positive_int(conf.get("DRIVE_LIMIT") if limit is None else limit, "limit")
-        budget = _budget(max_seconds)
-        if max_passes is None:
-            max_passes = 1 if budget is None else _UNLIMITED
-        max_passes = positive_int(max_passes, "max_passes")
-        concurrency = positive_int(concurrency, "concurrency")
-        ttl = lease_length(lease_ttl)
-        holder = holder_name(holder)
-        selected = _selected_jobs(jobs)
-        if stop is not None and not callable(getattr(stop, "is_set", None)):
-            raise InvalidDriveOptions(f"stop must be a threading.Event (or have is_set()), got {stop!r}")
-        clock = _clock(now)  # last: without ``now`` it reads the database's clock
-        return cls(limit, max_passes, holder, ttl, concurrency, tuple(selected), stop, clock, budget)
-
-    @property
-    def statement_bound(self) -> float:
-        """The longest one statement of the drive may take (D15): half the drive's lease.
-
-        Then a statement hung by a partition is cut (and the drive goes on)
-        while a lease it set still holds.
-        """
-        return self.lease_ttl.total_seconds() / 2
-
-    def lease_for(self, job: Job) -> timedelta:
-        """A job's own lease (D13), else the drive's."""
-        return job.lease or self.lease_ttl
-
-
-def positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidDriveOptions(f"{name} must be a whole number >= 1, got {value!r}")
-    if value < 1:
-        raise InvalidDriveOptions(f"{name} must be >= 1, got {value}: it would drive nothing while reporting success")
-    return value
-
-
-def lease_length(value: Any) -> timedelta:
-    ttl = as_timedelta(conf.get("LEASE_TTL") if value is None else value)
-    if ttl is None:
-        raise InvalidDriveOptions(f"lease_ttl must be a timedelta or a number of seconds, got {value!r}")
-    if ttl <= timedelta(0):
-        raise InvalidDriveOptions(
-            f"lease_ttl must be positive, got {value!r}: a lease that is already expired is one every "
-            "worker can take at once"
-        )
-    return ttl
-
-
-def _selected_jobs(value: Any) -> list[Job]:
-    if value is None:
-        return registered_jobs()
-    if isinstance(value, (str, Job)):
-        value = [value]
-    try:
-        refs = list(value)
-    except TypeError:
-        raise InvalidDriveOptions(f"jobs must be a list of jobs or 'app_label.name' strings, got {value!r}") from None
-    if not refs:
-        raise InvalidDriveOptions("jobs is empty: pass None to drive every registered job")
-    return [get_job(ref) for ref in refs]
-
-
-def _clock(value: Any) -> db.Clock:
-    if value is None:
-        return db.database_clock()
-    if not callable(value):
-        raise InvalidDriveOptions(f"now must be a callable returning an aware datetime, got {value!r}")
-    return db.InjectedClock(value)
-
-
-def _budget(value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise InvalidDriveOptions(f"max_seconds must be a positive number of seconds, got {value!r:.100}")
-    if value > 86_400:
-        raise InvalidDriveOptions(f"max_seconds must be at most a day (86400), got {value!r}")
-    return float(value)
 
 
 def run_due_jobs(
@@ -480,7 +360,7 @@ def drive_run(
         concurrency=1,
         jobs=(),
         stop=None,
-        clock=_clock(now),
+        clock=drive_clock(now),
         budget=None,
     )
     run = JobRun.objects.using(db.alias()).filter(pk=run_id).first()
