@@ -123,7 +123,7 @@ class Claim:
             return
         sent = self.clock.mark()
         try:
-            held = store().heartbeat(self.run_id, self.fence, Expiry(self.clock.lease_now(), self.ttl))
+            held = store().heartbeat(self.run_id, self.fence, self.extended())
         except TRANSIENT as exc:
             self.store_failure = exc
             raise
@@ -143,7 +143,7 @@ class Claim:
             attempts,
             error,
             self.clock(),
-            expires=Expiry(self.clock.lease_now(), self.ttl),
+            expires=self.extended(),
             exists=exists,
             lease_left=self.lease_left(),
             ttl=self.ttl,

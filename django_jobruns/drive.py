@@ -88,12 +88,12 @@ def run_due_jobs(
     if not options.jobs:
         return report
     if options.budget is None:
-        _round(report, options, deadline=None)
+        _round_on_a_live_connection(report, options, deadline=None)
         return report
     deadline = time.monotonic() + options.budget
     with waiting.Waiter(stop) as waiter:
         while True:
-            worked = _round(report, options, deadline)
+            worked = _round_on_a_live_connection(report, options, deadline)
             if report.stopped or time.monotonic() >= deadline:
                 break
             if not worked:
@@ -114,7 +114,7 @@ def _refuse_callers_transaction() -> None:
         )
 
 
-def _round(report: DriveReport, options: DriveOptions, deadline: float | None) -> bool:
+def _round_on_a_live_connection(report: DriveReport, options: DriveOptions, deadline: float | None) -> bool:
     """One round; a connection lost under its due read is replaced and the read made again (D15).
 
     A run's own errors never reach here (each is reported on its run); what
@@ -179,9 +179,9 @@ class _Drive:
     def round(self) -> bool:
         """One pass over what is due now; return whether any run was claimed."""
         with watchdog.bounding(self.options.statement_bound):
-            return self._round()
+            return self._read_and_drive()
 
-    def _round(self) -> bool:
+    def _read_and_drive(self) -> bool:
         options, report = self.options, self.report
         scan_max = int(conf.get("SCAN_MAX"))
         attempted = report.attempted

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError
 
-from . import db, signals, transitions
+from . import conf, db, signals, transitions
 from .claims import Claim
 from .deadlocks import retry_deadlocks
 from .exceptions import (
@@ -255,8 +255,6 @@ class Pass:
 
 def _check_result_size(name: str, stored: str) -> None:
     """Refuse a step result over ``JOBRUNS["STEP_RESULT_MAX_BYTES"]``: every database must be able to store it."""
-    from . import conf
-
     cap = int(conf.get("STEP_RESULT_MAX_BYTES"))
     size = len(stored.encode())
     if size > cap:

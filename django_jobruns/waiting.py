@@ -120,15 +120,15 @@ class Waiter:
         finally:
             other.close()
         heard = False
-        for note in self.raw.notifies(timeout=PROBE_SECONDS, stop_after=1):
-            heard = note.payload == token
-            if not heard:
-                self.woken.set()  # real work announced meanwhile
-                heard = any(n.payload == token for n in self.raw.notifies(timeout=PROBE_SECONDS))
+        for note in self.raw.notifies(timeout=PROBE_SECONDS):
+            if note.payload == token:
+                heard = True
+                break
+            self.woken.set()  # real work announced meanwhile
         self.probed = self.raw
         if not heard:
             logger.warning(
-                "a NOTIFY sent on this connection never reached its LISTEN (a pooler in transaction mode, such "
+                "a NOTIFY from another connection never reached its LISTEN (a pooler in transaction mode, such "
                 "as PgBouncer's?): waking for new work by polling every %.1f s instead",
                 POLL_SECONDS,
             )

@@ -88,12 +88,19 @@ class RunActions(_AdminBase):
         context["steering"] = [(verb, STEERING[verb][0]) for verb in verbs]
         return super().render_change_form(request, context, *args, **kwargs)
 
+    def _run_permitted(self, request: HttpRequest, object_id: str, permitted: bool) -> JobRun:
+        """The run to act on, if the action is ``permitted`` and the user may see the run.
+
+        Acting on a run one may not see would act on a guessed id.
+        """
+        run = get_object_or_404(JobRun, pk=object_id)
+        if not (permitted and self.has_view_permission(request, run)):
+            raise PermissionDenied
+        return run
+
     def steer_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """Cancel, pause, unpause or retry now: POST only, CSRF-checked, permission-checked here."""
-        run = get_object_or_404(JobRun, pk=object_id)
-        # Acting on a run one may not see would steer by a guessed id.
-        if not (self.has_steer_permission(request) and self.has_view_permission(request, run)):
-            raise PermissionDenied
+        run = self._run_permitted(request, object_id, self.has_steer_permission(request))
         verb = request.POST.get("verb", "")
         if verb not in STEERING:
             self.message_user(request, f"Unknown action {verb!r:.50}.", messages.ERROR)
@@ -147,9 +154,7 @@ class RunActions(_AdminBase):
 
     def restart_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """POST only (require_POST), CSRF-checked (admin_view), permission-checked here."""
-        run = get_object_or_404(JobRun, pk=object_id)
-        if not (self.has_restart_permission(request) and self.has_view_permission(request, run)):
-            raise PermissionDenied
+        run = self._run_permitted(request, object_id, self.has_restart_permission(request))
         resume = request.POST.get("resume") == "1"
         new = self._restart(request, run, resume=resume)
         return HttpResponseRedirect(change_url(new.pk if new is not None else run.pk))
