@@ -41,3 +41,7 @@ if DATABASES["default"]["ENGINE"].endswith("postgresql") and os.environ.get("BEN
     # BENCH_PG_SERVER_SIDE_BINDING=1, server-side parameters: psycopg prepares
     # a statement it has run five times, so it is parsed and planned once.
     DATABASES["default"].setdefault("OPTIONS", {})["server_side_binding"] = True
+
+if DATABASES["default"]["ENGINE"].endswith("postgresql") and os.environ.get("JOBRUNS_TEST_PGBOUNCER"):
+    # Behind PgBouncer in transaction mode: no prepared statements.
+    DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = None

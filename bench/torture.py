@@ -1,8 +1,10 @@
 #!/usr/bin/env python
 """Crash-and-contention torture: kill real workers at random moments, check nothing was lost or doubled.
 
-    python bench/torture.py --db {sqlite,postgres} --workers W --runs R --kills K [--seed S]
+    python bench/torture.py --db {sqlite,postgres,mysql} --workers W --runs R --kills K [--seed S]
         [--poison P] [--stalls N] [--stops N] [--skewed-workers N]
+        [--partitions N] [--holds N] [--delays N] [--terminations N] [--statement-terminations N]
+        [--pgbouncer POOL] [--between-stalls N]
 
 W ``manage.py run_due_jobs`` processes drive R runs of a job with several steps
 per pass and several passes. K SIGKILLs land in all: some sent by this harness
@@ -13,7 +15,15 @@ done. The other faults production brings can be added: P poison runs whose
 every pass kills its worker; N stalls in which a third connection holds a
 worked run's row (PostgreSQL: ``FOR UPDATE``; SQLite: the write lock) past the
 lease; N workers stopped (SIGSTOP) past their lease and then resumed; and
-workers whose clock runs ten minutes fast (PostgreSQL). The verdict comes from
+workers whose clock runs ten minutes fast (PostgreSQL). And the network's
+faults, each worker reaching the database through a forwarder of the
+harness's own (tests/netfault.py): partitions that drop all traffic or hold
+it and deliver it late, sockets kept open; a clock reading delayed on one leg;
+the server ending a worker's connection at each kind of statement in turn;
+PgBouncer in transaction mode with its pool saturated; and on MariaDB workers
+stopped between the two statements of a fenced write, the run's row locked.
+Every worker is a drive with a budget (``--max-seconds``): how long each took
+is checked against its budget plus one lease. The verdict comes from
 independent evidence -- an event table the job's step bodies write to and
 database triggers fill as memos, claims and commits land -- never from the
 app's own bookkeeping. The last line is the summary;
@@ -67,7 +77,7 @@ SQLITE_DDL = [
 POSTGRES_DDL = [
     """CREATE TABLE torture_events (id BIGSERIAL PRIMARY KEY, kind TEXT NOT NULL, run_id TEXT, step TEXT,
        fence BIGINT, holder TEXT, cursor_old TEXT, cursor_new TEXT, status TEXT, counters TEXT, pid INTEGER,
-       backend INTEGER, note TEXT)""",
+       backend INTEGER, note TEXT, at TIMESTAMPTZ DEFAULT clock_timestamp())""",
     """CREATE FUNCTION torture_memo() RETURNS trigger AS $$ BEGIN
          IF NEW.result IS NOT NULL AND (TG_OP = 'INSERT' OR OLD.result IS NULL) THEN
            INSERT INTO torture_events (kind, run_id, step) VALUES ('memo', NEW.run_id, NEW.step);
@@ -102,9 +112,42 @@ POSTGRES_DDL = [
 ]
 
 
+MYSQL_DDL = [
+    """CREATE TABLE torture_events (id BIGINT AUTO_INCREMENT PRIMARY KEY, kind VARCHAR(20) NOT NULL,
+       run_id VARCHAR(64), step VARCHAR(255), fence BIGINT, holder VARCHAR(255), cursor_old LONGTEXT,
+       cursor_new LONGTEXT, status VARCHAR(20), counters LONGTEXT, pid INT, backend BIGINT, note VARCHAR(20),
+       at DATETIME(6) DEFAULT (UTC_TIMESTAMP(6)))""",
+    """CREATE TRIGGER torture_memo_insert AFTER INSERT ON django_jobruns_jobstep FOR EACH ROW BEGIN
+         IF NEW.result IS NOT NULL THEN
+           INSERT INTO torture_events (kind, run_id, step) VALUES ('memo', NEW.run_id, NEW.step);
+         END IF;
+       END""",
+    """CREATE TRIGGER torture_memo_update AFTER UPDATE ON django_jobruns_jobstep FOR EACH ROW BEGIN
+         IF NEW.result IS NOT NULL AND OLD.result IS NULL THEN
+           INSERT INTO torture_events (kind, run_id, step) VALUES ('memo', NEW.run_id, NEW.step);
+         END IF;
+       END""",
+    # No column triggers on MariaDB: a claim moves the fence; a pass commit of
+    # the torture job always changes the counters (it counts its passes).
+    """CREATE TRIGGER torture_run AFTER UPDATE ON django_jobruns_jobrun FOR EACH ROW BEGIN
+         IF NEW.lease_fence <> OLD.lease_fence THEN
+           INSERT INTO torture_events (kind, run_id, fence, holder, note)
+           VALUES ('claim', NEW.id, NEW.lease_fence, NEW.lease_holder,
+                   CASE WHEN OLD.lease_holder IS NOT NULL AND OLD.lease_holder <> NEW.lease_holder
+                        AND OLD.lease_expires_at > UTC_TIMESTAMP(6) THEN 'live' END);
+         END IF;
+         IF NOT (NEW.counters <=> OLD.counters) THEN
+           INSERT INTO torture_events (kind, run_id, fence, holder, cursor_old, cursor_new, status, counters, backend)
+           VALUES ('commit', NEW.id, NEW.lease_fence, OLD.lease_holder, OLD.cursor, NEW.cursor, NEW.status,
+                   NEW.counters, CONNECTION_ID());
+         END IF;
+       END""",
+]
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--db", choices=["sqlite", "postgres"], required=True)
+    parser.add_argument("--db", choices=["sqlite", "postgres", "mysql"], required=True)
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--kills", type=int, default=10)
@@ -126,6 +169,25 @@ def parse_args() -> argparse.Namespace:
         "--partitions", type=int, default=0, help="PostgreSQL: workers cut off (traffic dropped, sockets open)"
     )
     parser.add_argument(
+        "--holds", type=int, default=0, help="workers whose traffic is held past the lease, then delivered"
+    )
+    parser.add_argument(
+        "--statement-terminations",
+        type=int,
+        default=0,
+        help="PostgreSQL: connections ended by the server at each kind of statement in turn",
+    )
+    parser.add_argument(
+        "--pgbouncer", type=int, default=0, metavar="POOL", help="PostgreSQL: workers behind PgBouncer, pool POOL"
+    )
+    parser.add_argument(
+        "--between-stalls",
+        type=int,
+        default=0,
+        help="MariaDB: workers stopped between the two statements of a fenced write, past the lease",
+    )
+    parser.add_argument("--max-seconds", type=float, default=4.0, help="the longest budget a worker's drive gets")
+    parser.add_argument(
         "--delays", type=int, default=0, help="PostgreSQL: workers whose clock reading is delayed on one leg"
     )
     parser.add_argument(
@@ -140,11 +202,20 @@ def parse_args() -> argparse.Namespace:
     for name in ("workers", "runs", "passes", "steps", "poison_attempts"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
-    for name in ("kills", "poison", "stalls", "stops", "skewed_workers", "partitions", "delays", "terminations"):
+    faults = ("partitions", "holds", "delays", "terminations", "statement_terminations", "pgbouncer", "between_stalls")
+    for name in ("kills", "poison", "stalls", "stops", "skewed_workers", *faults):
         if getattr(args, name) < 0:
             parser.error(f"--{name.replace('_', '-')} must be >= 0")
-    if (args.partitions or args.delays or args.terminations) and args.db != "postgres":
-        parser.error("--partitions, --delays and --terminations need PostgreSQL")
+    if (args.delays or args.terminations or args.statement_terminations or args.pgbouncer) and args.db != "postgres":
+        parser.error("--delays, --terminations, --statement-terminations and --pgbouncer need PostgreSQL")
+    if (args.partitions or args.holds) and args.db == "sqlite":
+        parser.error("--partitions and --holds need a database server")
+    if args.between_stalls and args.db != "mysql":
+        parser.error("--between-stalls needs MariaDB (PostgreSQL writes each fenced change in one statement)")
+    if args.pgbouncer and (args.partitions or args.holds or args.delays or args.statement_terminations):
+        parser.error("--pgbouncer runs without the forwarder's faults")
+    if args.db == "mysql" and (args.stalls or args.skewed_workers):
+        parser.error("--stalls and --skewed-workers are not built for MariaDB")
     if args.skewed_workers > args.workers:
         parser.error("--skewed-workers cannot exceed --workers")
     if args.skewed_workers and args.db == "sqlite" and not args.allow_skew_on_sqlite:
@@ -158,6 +229,16 @@ def parse_args() -> argparse.Namespace:
 def prepare_database(db: str, folder: Path) -> str:
     if db == "sqlite":
         return f"sqlite:///{folder / 'torture.sqlite3'}"
+    if db == "mysql":
+        import MySQLdb
+
+        admin = MySQLdb.connect(host="127.0.0.1", port=3306, user="root")
+        try:
+            admin.cursor().execute(f"DROP DATABASE IF EXISTS {POSTGRES_DB}")
+            admin.cursor().execute(f"CREATE DATABASE {POSTGRES_DB} CHARACTER SET utf8mb4")
+        finally:
+            admin.close()
+        return f"mysql://root@127.0.0.1:3306/{POSTGRES_DB}"
     import psycopg
 
     with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as admin:
@@ -182,6 +263,8 @@ class Harness:
             "PYTHONPATH": str(ROOT),
             "TORTURE_STEP_SECONDS": str(args.step_seconds),
             "TORTURE_POISON_ATTEMPTS": str(args.poison_attempts),
+            # A worker that outlives SIGTERM is ended with SIGABRT, which prints where it was.
+            "PYTHONFAULTHANDLER": "1",
         }
         self.workers: list[tuple[subprocess.Popen[bytes], float]] = []
         self.external_kills = 0
@@ -198,7 +281,31 @@ class Harness:
         # a forwarder of the harness's own (tests/netfault.py).
         self.forwarders: dict[subprocess.Popen[bytes], Any] = {}
         self.partitioned: dict[Any, float] = {}
-        self.partitions = self.delays = self.terminations = 0
+        self.partitions = self.holds = self.delays = self.terminations = 0
+        # Terminations aimed at each kind of statement in turn: the kind wanted
+        # now, since when, and the workers whose statement of that kind is held.
+        self.kinds = ["due", "claim", "step", "commit", "release", "renew", "ledger"]
+        self.wanted = 0
+        self.wanted_since = time.monotonic()
+        self.pending_terminations: list[tuple[str, str]] = []
+        self.terminations_by_statement: dict[str, int] = defaultdict(int)
+        # MariaDB: workers stopped between the two statements of a fenced write.
+        self.pending_between: list[tuple[dict[str, Any], str | None]] = []
+        self.between_stalls = 0
+        self.stalled_runs: list[tuple[str, Any]] = []  # (run id, the server's time as its holder stopped)
+        # Runs to try locking once their lease and the statement bound have passed.
+        self.to_probe: list[tuple[str, float]] = []
+        self.frozen = 0
+        self.outlived_sigterm = 0
+        # Every worker stopped at some moment (its drive's length is not its own).
+        self.ever_stopped: set[subprocess.Popen[bytes]] = set()
+        # Each worker's budget and log, for the drives' lengths.
+        self.budgets: dict[subprocess.Popen[bytes], tuple[float, Path]] = {}
+        self.finished: list[tuple[float, float | None]] = []  # (budget, the drive's own seconds)
+        self.bouncer: Any = None
+        self.bouncer_port = 0
+        self.hogs_stop: Any = None
+        self.hogs: list[Any] = []
 
     # -- set-up ----------------------------------------------------------------
 
@@ -213,7 +320,8 @@ class Harness:
 
         call_command("migrate", verbosity=0)
         with connection.cursor() as cur:
-            for statement in SQLITE_DDL if connection.vendor == "sqlite" else POSTGRES_DDL:
+            ddl = {"sqlite": SQLITE_DDL, "postgresql": POSTGRES_DDL, "mysql": MYSQL_DDL}[connection.vendor]
+            for statement in ddl:
                 cur.execute(statement)
         from django_jobruns import start_job_run
 
@@ -232,31 +340,89 @@ class Harness:
                 (self.kills_dir / point / f"token-{i}").touch()
         self.external_budget = self.args.kills - 3 * per_point
         self.env["TORTURE_DIR"] = str(self.kills_dir)
+        if self.args.pgbouncer:
+            self.start_pgbouncer()
+
+    def start_pgbouncer(self) -> None:
+        """PgBouncer in transaction mode before the server, its pool kept saturated by as many hogs."""
+        import threading
+
+        import psycopg
+
+        from tests.pgbouncer import pgbouncer
+
+        self.bouncer = pgbouncer("127.0.0.1", 5432, POSTGRES_DB, pool_size=self.args.pgbouncer)
+        self.bouncer_port = self.bouncer.__enter__()
+        self.hogs_stop = threading.Event()
+
+        def hog() -> None:
+            url = f"postgresql://postgres@127.0.0.1:{self.bouncer_port}/{POSTGRES_DB}"
+            with psycopg.connect(url, autocommit=True, prepare_threshold=None) as conn:
+                while not self.hogs_stop.is_set():
+                    conn.execute("SELECT pg_sleep(0.2)")
+
+        for _ in range(self.args.pgbouncer):
+            thread = threading.Thread(target=hog, daemon=True)
+            thread.start()
+            self.hogs.append(thread)
+
+    def stop_pgbouncer(self) -> None:
+        if self.bouncer is not None:
+            self.hogs_stop.set()
+            for thread in self.hogs:
+                thread.join(timeout=10)
+            self.bouncer.__exit__(None, None, None)
+            self.bouncer = None
 
     # -- the workers -----------------------------------------------------------
 
+    def networked(self) -> bool:
+        a = self.args
+        return a.db != "sqlite" and bool(
+            a.partitions or a.holds or a.delays or a.terminations or a.statement_terminations or a.between_stalls
+        )
+
     def spawn(self) -> None:
-        log = open(self.folder / f"worker-{self.spawned}.log", "wb")  # noqa: SIM115 (owned by the process)
+        log_path = self.folder / f"worker-{self.spawned}.log"
+        log = open(log_path, "wb")  # noqa: SIM115 (owned by the process)
         self.spawned += 1
         skewed = len(self.skewed) < self.args.skewed_workers
         env = {**self.env, "JOBRUNS_TEST_CLOCK_SKEW": str(self.args.skew_seconds)} if skewed else self.env
         forwarder = None
-        if self.args.db == "postgres" and (self.args.partitions or self.args.delays or self.args.terminations):
+        slot: dict[str, Any] = {"name": f"torture-{self.spawned}", "proc": None}
+        if self.networked():
             from tests.netfault import Forwarder, delay_clock_reading
 
-            rule = None
+            clock_rule = None
             if self.delays < self.args.delays and self.rng.random() < 0.5:
-                rule = delay_clock_reading(self.rng.choice(["up", "down"]), self.args.lease_ttl * 0.8)
+                clock_rule = delay_clock_reading(self.rng.choice(["up", "down"]), self.args.lease_ttl * 0.8)
                 self.delays += 1
-            forwarder = Forwarder("127.0.0.1", 5432, rule or (lambda leg, chunk: 0.0))
+
+            def rule(leg: str, chunk: bytes, clock_rule: Any = clock_rule, slot: dict[str, Any] = slot) -> float:
+                delay = clock_rule(leg, chunk) if clock_rule else 0.0
+                return max(delay, self.watch(slot, chunk)) if leg == "up" else delay
+
+            port = 5432 if self.args.db == "postgres" else 3306
+            forwarder = Forwarder("127.0.0.1", port, rule)
+            scheme = "postgres://postgres" if self.args.db == "postgres" else "mysql://root"
             env = {
                 **env,
-                "DATABASE_URL": f"postgres://postgres@127.0.0.1:{forwarder.port}/{POSTGRES_DB}",
+                "DATABASE_URL": f"{scheme}@127.0.0.1:{forwarder.port}/{POSTGRES_DB}",
                 "TORTURE_EVENTS_URL": self.url,
-                "PGAPPNAME": f"torture-{self.spawned}",
+                "PGAPPNAME": slot["name"],
             }
-        # Short drives of random size, as cron would run them: every new worker
-        # reads the due runs afresh and contends for them with the others.
+        elif self.args.pgbouncer:
+            env = {
+                **env,
+                "DATABASE_URL": f"postgres://postgres@127.0.0.1:{self.bouncer_port}/{POSTGRES_DB}",
+                "JOBRUNS_TEST_PGBOUNCER": "1",
+                "TORTURE_EVENTS_URL": self.url,
+            }
+        elif self.args.db == "mysql":
+            env = {**env, "TORTURE_EVENTS_URL": self.url}
+        budget = round(self.rng.uniform(1.0, self.args.max_seconds), 1)
+        # Short drives of random size and budget, as cron would run them: every
+        # new worker reads the due runs afresh and contends for them with the others.
         proc = subprocess.Popen(
             [
                 sys.executable,
@@ -268,6 +434,8 @@ class Harness:
                 str(self.rng.randint(1, max(1, self.args.runs // 2))),
                 "--lease-ttl",
                 str(self.args.lease_ttl),
+                "--max-seconds",
+                str(budget),
                 "--json",
             ],
             env=env,
@@ -276,12 +444,101 @@ class Harness:
             stderr=subprocess.STDOUT,
         )
         log.close()
+        slot["proc"] = proc
+        self.budgets[proc] = (budget, log_path)
         if forwarder is not None:
             self.forwarders[proc] = forwarder
         self.workers.append((proc, time.monotonic()))
         if skewed:
             self.skewed.add(proc)
             self.skewed_spawned += 1
+
+    def watch(self, slot: dict[str, Any], chunk: bytes) -> float:
+        """Called by a worker's forwarder for each chunk going up: how long to hold it (a fault aimed at it)."""
+        from tests.netfault import SECOND_OF_A_FENCED_WRITE, run_id_in, statement_kind
+
+        if self.terminations_by_statement_total() + len(self.pending_terminations) < self.args.statement_terminations:
+            kind = statement_kind(chunk)
+            if kind is not None and kind == self.kinds[self.wanted] and not self.pending_terminations:
+                # Held until the harness has ended this worker's connection.
+                self.pending_terminations.append((slot["name"], kind))
+                return 1.0
+        if (
+            self.between_stalls + len(self.pending_between) < self.args.between_stalls
+            and not self.pending_between
+            and SECOND_OF_A_FENCED_WRITE.search(chunk)
+            and self.rng.random() < 0.3
+        ):
+            # The first statement locked the run's row; this one does not reach
+            # the server until the worker, stopped meanwhile, is resumed.
+            self.pending_between.append((slot, run_id_in(chunk)))
+            return self.hold_past_lease() + 0.5
+        return 0.0
+
+    def terminations_by_statement_total(self) -> int:
+        return sum(self.terminations_by_statement.values())
+
+    def land_statement_terminations(self) -> None:
+        """End the connection of each worker whose wanted statement is held; move on to the next kind."""
+        from django.db import connection
+
+        while self.pending_terminations:
+            name, kind = self.pending_terminations[0]
+            with connection.cursor() as cur:
+                cur.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s", [name]
+                )
+                landed = cur.fetchall()
+            self.pending_terminations.pop(0)
+            if landed:
+                self.terminations_by_statement[kind] += 1
+            self.wanted = (self.wanted + 1) % len(self.kinds)
+            self.wanted_since = time.monotonic()
+        if time.monotonic() - self.wanted_since > 3 * self.args.lease_ttl:
+            # A kind no worker sent for a while (PostgreSQL reads the ledger with
+            # the claim, say): the next one.
+            self.terminations_by_statement.setdefault(self.kinds[self.wanted], 0)
+            self.wanted = (self.wanted + 1) % len(self.kinds)
+            self.wanted_since = time.monotonic()
+
+    def land_between_stalls(self) -> None:
+        """Stop each worker whose second statement of a fenced write is held; note the server's time."""
+        from django.db import connection
+
+        while self.pending_between:
+            slot, run_id = self.pending_between.pop(0)
+            proc = slot["proc"]
+            if proc is None or proc.poll() is not None or proc in self.stopped:
+                continue
+            proc.send_signal(signal.SIGSTOP)
+            self.stopped[proc] = time.monotonic() + self.hold_past_lease()
+            self.ever_stopped.add(proc)
+            self.between_stalls += 1
+            with connection.cursor() as cur:
+                cur.execute("SELECT UTC_TIMESTAMP(6)")
+                (at,) = cur.fetchone()
+            if run_id is not None:
+                self.stalled_runs.append((run_id, at))
+                self.to_probe.append((run_id, time.monotonic() + self.args.lease_ttl * 1.5 + 0.5))
+
+    def probe_frozen(self) -> None:
+        """Is a stalled holder's run free to take by now (its lease and the bound past)? Its row, NOWAIT."""
+        import MySQLdb
+
+        due = [entry for entry in self.to_probe if time.monotonic() >= entry[1]]
+        for entry in due:
+            self.to_probe.remove(entry)
+            conn = MySQLdb.connect(host="127.0.0.1", port=3306, user="root", database=POSTGRES_DB)
+            try:
+                cur = conn.cursor()
+                cur.execute("START TRANSACTION")
+                try:
+                    cur.execute("SELECT id FROM django_jobruns_jobrun WHERE id = %s FOR UPDATE NOWAIT", [entry[0]])
+                except MySQLdb.OperationalError:
+                    self.frozen += 1  # the stopped holder still locks it
+                conn.rollback()
+            finally:
+                conn.close()
 
     # -- stalls and stops ------------------------------------------------------
 
@@ -327,21 +584,26 @@ class Harness:
             self.stall[0].close()
             self.stall = None
 
-    def partition_one(self) -> bool:
-        """Cut a worker off: its forwarder drops all traffic both ways, sockets kept open, past the lease."""
+    def partition_one(self, *, hold: bool = False) -> bool:
+        """Cut a worker off past the lease, sockets kept open: its traffic dropped, or held and delivered late."""
         ready = [f for p, started in self.workers if (f := self.forwarders.get(p)) and f not in self.partitioned]
         if not ready:
             return False
         victim = self.rng.choice(ready)
-        victim.partitioned.set()
+        if hold:
+            victim.hold()
+            self.holds += 1
+        else:
+            victim.partitioned.set()
+            self.partitions += 1
         self.partitioned[victim] = time.monotonic() + self.hold_past_lease()
-        self.partitions += 1
         return True
 
     def heal(self, *, every: bool = False) -> None:
         for forwarder, until in list(self.partitioned.items()):
             if every or time.monotonic() >= until:
                 forwarder.partitioned.clear()
+                forwarder.deliver()
                 del self.partitioned[forwarder]
 
     def terminate_one(self) -> bool:
@@ -366,6 +628,7 @@ class Harness:
         victim = self.rng.choice(ready)
         victim.send_signal(signal.SIGSTOP)
         self.stopped[victim] = time.monotonic() + self.hold_past_lease()
+        self.ever_stopped.add(victim)
         self.stops += 1
         return True
 
@@ -406,11 +669,20 @@ class Harness:
         next_stop = time.monotonic() + self.rng.uniform(0.3, 1.5)
         next_partition = time.monotonic() + self.rng.uniform(0.3, 1.5)
         next_termination = time.monotonic() + self.rng.uniform(0.3, 1.5)
+        next_hold = time.monotonic() + self.rng.uniform(0.3, 1.5)
         hurry = False
         while True:
             if time.monotonic() > deadline:
                 raise SystemExit(f"gave up after {self.args.max_minutes} minutes with {self.running()} runs running")
+            for proc, _ in self.workers:
+                if proc.poll() is not None:
+                    self.finish(proc)
             self.workers = [(p, t) for p, t in self.workers if p.poll() is None]
+            if self.args.statement_terminations:
+                self.land_statement_terminations()
+            if self.args.between_stalls:
+                self.land_between_stalls()
+                self.probe_frozen()
             for proc in [p for p in self.forwarders if p.poll() is not None]:
                 forwarder = self.forwarders.pop(proc)
                 self.partitioned.pop(forwarder, None)
@@ -449,6 +721,9 @@ class Harness:
             if self.partitions < self.args.partitions and now >= next_partition:
                 landed = self.partition_one()
                 next_partition = now + (self.rng.uniform(0.3, 1.5) if landed else 0.1)
+            if self.holds < self.args.holds and now >= next_hold:
+                landed = self.partition_one(hold=True)
+                next_hold = now + (self.rng.uniform(0.3, 1.5) if landed else 0.1)
             if self.terminations < self.args.terminations and now >= next_termination:
                 landed = self.terminate_one()
                 next_termination = now + (self.rng.uniform(0.1, 0.6) if landed else 0.1)
@@ -456,10 +731,33 @@ class Harness:
         self.end_stall(force=True)
         self.resume_stopped(every=True)
         self.heal(every=True)
+        self.stop_pgbouncer()
         for proc, _ in self.workers:
             proc.send_signal(signal.SIGTERM)
+        # SIGTERM ends a drive within one lease (its pass in flight may finish).
+        ends_by = time.monotonic() + self.args.lease_ttl + 5.0
         for proc, _ in self.workers:
-            proc.wait(timeout=60)
+            try:
+                proc.wait(timeout=max(0.0, ends_by - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.outlived_sigterm += 1
+                proc.send_signal(signal.SIGABRT)
+                proc.wait(timeout=60)
+            self.finish(proc)
+
+    def finish(self, proc: subprocess.Popen[bytes]) -> None:
+        """A worker ended: how long its drive took by its own report (none if it was killed or stopped)."""
+        if proc not in self.budgets:
+            return
+        budget, log = self.budgets.pop(proc)
+        if proc.returncode != 0 or proc in self.ever_stopped:
+            return
+        seconds = None
+        for line in reversed(log.read_text(errors="replace").splitlines()):
+            if line.startswith("{"):
+                seconds = json.loads(line).get("seconds")
+                break
+        self.finished.append((budget, seconds))
 
     # -- the verdict -----------------------------------------------------------
 
@@ -470,7 +768,7 @@ class Harness:
 
         with connection.cursor() as cur:
             cur.execute(
-                "SELECT id, kind, run_id, step, fence, cursor_old, cursor_new, pid, backend, note "
+                "SELECT id, kind, run_id, step, fence, cursor_old, cursor_new, pid, backend, note, holder "
                 "FROM torture_events ORDER BY id"
             )
             events = cur.fetchall()
@@ -487,8 +785,8 @@ class Harness:
         # server process, which each pass's start recorded too.
         pass_started: dict[tuple[str, int], int] = {}
         committed: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
-        postgres = self.args.db == "postgres"
-        for event_id, kind, run_id, step, fence, _cursor_old, cursor_new, pid, backend, note in events:
+        postgres = self.args.db in ("postgres", "mysql")  # the commit's writer is the server's connection
+        for event_id, kind, run_id, step, fence, _cursor_old, cursor_new, pid, backend, note, holder in events:
             if kind == "claim" and note == "live":
                 live_taken += 1
             if kind == "effect" and note == "lapsed":
@@ -497,7 +795,9 @@ class Harness:
                 if kind == "effect":
                     poison_bodies[run_id] += 1
                 continue
-            writer = backend if postgres else pid
+            # Behind PgBouncer a worker's transactions run on any server connection:
+            # the lease's holder (the pass's process) names the writer instead.
+            writer = holder if self.args.pgbouncer else backend if postgres else pid
             if kind == "pass":
                 pass_started[(run_id, writer)] = event_id
             elif kind == "committed_by" or (kind == "commit" and postgres):
@@ -551,7 +851,34 @@ class Harness:
             and poison_bodies[run.id] <= limit
             for run in poison.values()
         )
+        # Every drive ends by its budget plus one lease (the last pass it began
+        # may run to its lease's end), whatever the network did.
+        over = [seconds - budget for budget, seconds in self.finished if seconds is not None]
+        past_budget = sum(excess > self.args.lease_ttl for excess in over)
+        # A run whose holder stopped between two statements (its row locked) is
+        # free to take once its lease and the statement bound (lease / 2) have
+        # passed (probed while the holder is still stopped); how long until
+        # another worker took it is reported beside.
+        waits = []
+        with connection.cursor() as cur:
+            for run_id, stopped_at in self.stalled_runs:
+                cur.execute(
+                    "SELECT MIN(at) FROM torture_events WHERE kind = 'claim' AND run_id = %s AND at > %s",
+                    [run_id, stopped_at],
+                )
+                (taken,) = cur.fetchone()
+                waits.append((taken - stopped_at).total_seconds() if taken is not None else float("inf"))
+        frozen = self.frozen
         return {
+            "drives_measured": len(over),
+            "drives_past_budget_plus_lease": past_budget,
+            "longest_drive_past_budget": round(max(over, default=0.0), 2),
+            "between_stalls": self.between_stalls,
+            "frozen_runs": frozen,
+            "longest_takeover_after_stall": round(max(waits, default=0.0), 2),
+            "holds": self.holds,
+            "outlived_sigterm": self.outlived_sigterm,
+            "terminations_by_statement": dict(self.terminations_by_statement),
             "poison_failed": poison_failed,
             "poison_bodies": sum(poison_bodies.values()),
             "live_leases_taken": live_taken,
@@ -579,11 +906,20 @@ class Harness:
         from django.db import connections
 
         connections.close_all()
+        self.stop_pgbouncer()
         if self.args.db == "postgres":
             import psycopg
 
             with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as admin:
                 admin.execute(f"DROP DATABASE IF EXISTS {POSTGRES_DB} WITH (FORCE)")
+        elif self.args.db == "mysql":
+            import MySQLdb
+
+            admin = MySQLdb.connect(host="127.0.0.1", port=3306, user="root")
+            try:
+                admin.cursor().execute(f"DROP DATABASE IF EXISTS {POSTGRES_DB}")
+            finally:
+                admin.close()
 
 
 def main() -> int:
@@ -615,6 +951,10 @@ def main() -> int:
         and result["overlapping_holders"] == 0
         and result["cursor_regressions"] == 0
         and result["counters_exact"] == "yes"
+        and result["drives_past_budget_plus_lease"] == 0
+        and result["frozen_runs"] == 0
+        and result["outlived_sigterm"] == 0
+        and (not args.between_stalls or result["between_stalls"] > 0)
     )
     harness.cleanup()
     print(
@@ -632,6 +972,12 @@ def main() -> int:
         f" live_leases_taken={result['live_leases_taken']}"
         f" partitions={result['partitions']} delays={result['delays']} terminations={result['terminations']}"
         f" steps_on_lapsed_lease={result['steps_on_lapsed_lease']}"
+        f" holds={result['holds']} outlived_sigterm={result['outlived_sigterm']}"
+        f" terminations_by_statement={','.join(f'{k}:{v}' for k, v in result['terminations_by_statement'].items())}"
+        f" between_stalls={result['between_stalls']} frozen_runs={result['frozen_runs']}"
+        f" longest_takeover_after_stall={result['longest_takeover_after_stall']}s"
+        f" drives={result['drives_measured']} drives_past_budget_plus_lease={result['drives_past_budget_plus_lease']}"
+        f" longest_drive_past_budget={result['longest_drive_past_budget']}s"
     )
     return 0 if ok else 1
 

@@ -111,7 +111,8 @@ class ServerClock(_Monotonic):
         self.statement = statement
         settings = wrapper.settings_dict
         self.key = (wrapper.alias, settings.get("HOST"), settings.get("PORT"), settings.get("NAME"))
-        self.refresh()
+        # Read when first needed, not here: a drive reads it inside its round,
+        # under the statement bound, where a lost connection is replaced.
 
     def refresh(self) -> None:
         cached = _readings.get(self.key)
@@ -132,6 +133,8 @@ class ServerClock(_Monotonic):
         _readings[self.key] = (value, (before + after) / 2)
 
     def __call__(self) -> datetime:
+        if self.key not in _readings:
+            self.refresh()
         value, at = _readings[self.key]
         return value + timedelta(seconds=time.monotonic() - at)
 
@@ -191,3 +194,21 @@ def database_clock() -> Clock:
 #: the engine writes as values, never a lease.
 CLOCK_REFRESH_SECONDS = 60.0
 _readings: dict[tuple[Any, ...], tuple[datetime, float]] = {}
+
+
+#: How each database says it refuses writes: SQLite's read-only file, PostgreSQL's
+#: read-only transaction (SQLSTATE 25006: a standby, default_transaction_read_only),
+#: MariaDB's and MySQL's --read-only server (1290) or read-only transaction (1792).
+_READ_ONLY = ("attempt to write a readonly database", "read-only transaction", "--read-only option")
+
+
+def refuses_writes(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database is read-only (not a passing failure: every write will fail alike)."""
+    code = getattr(getattr(exc, "__cause__", None), "sqlstate", None)
+    if code == "25006":
+        return True
+    args = getattr(exc, "args", ())
+    if args and args[0] in (1290, 1792):
+        return True
+    text = str(exc)
+    return any(words in text for words in _READ_ONLY)

@@ -17,11 +17,12 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db import DatabaseError
 from django.utils import timezone
 
 from . import conf, db, waiting, watchdog
 from .claims import Claim, Claimed, default_holder, holder_name
-from .exceptions import DriveInTransaction, InvalidDriveOptions
+from .exceptions import DatabaseReadOnly, DriveInTransaction, InvalidDriveOptions
 from .models import JobRun, Status
 from .options import DriveOptions, StopSignal, drive_clock, lease_length, positive_int
 from .outcomes import TRANSIENT, Outcome, summary
@@ -77,9 +78,10 @@ def run_due_jobs(
         now=now,
         max_seconds=max_seconds,
     )
-    started = options.clock()
-    if not isinstance(started, datetime) or timezone.is_naive(started):
-        raise InvalidDriveOptions(f"now() must return an aware datetime, got {started!r}")
+    if isinstance(options.clock, db.InjectedClock):
+        started = options.clock()
+        if not isinstance(started, datetime) or timezone.is_naive(started):
+            raise InvalidDriveOptions(f"now() must return an aware datetime, got {started!r}")
 
     report = DriveReport()
     if stop is not None and stop.is_set():
@@ -91,7 +93,7 @@ def run_due_jobs(
         _round_on_a_live_connection(report, options, deadline=None)
         return report
     deadline = time.monotonic() + options.budget
-    with waiting.Waiter(stop) as waiter:
+    with waiting.Waiter(stop, options.statement_bound) as waiter:
         while True:
             worked = _round_on_a_live_connection(report, options, deadline)
             if report.stopped or time.monotonic() >= deadline:
@@ -123,16 +125,28 @@ def _round_on_a_live_connection(report: DriveReport, options: DriveOptions, dead
     budget lasts; a single pass tries once more on a new connection, and
     otherwise lets the error say the database cannot be reached.
     """
+    first: BaseException | None = None
     for attempt in (1, 2):
+        if attempt == 2 and deadline is not None and time.monotonic() >= deadline:
+            break  # the budget is spent: no new connection begun past it
         try:
-            return _Drive(report, options, deadline).round()
+            worked = _Drive(report, options, deadline).round()
         except TRANSIENT as exc:
             if db.connection().in_atomic_block:
                 raise  # the caller's transaction owns the connection
-            logger.warning("the due read failed (%s); replacing the connection", summary(exc))
             db.replace_if_broken()
-            if attempt == 2 and deadline is None:
-                raise
+            if attempt == 1:
+                first = exc
+                continue
+            if deadline is None:
+                raise  # a single pass: the error says the database cannot be reached, once
+            logger.warning("the due read failed twice (%s); looking again after a wait", summary(exc))
+            return False
+        if first is not None:
+            logger.warning("the due read failed (%s); made again on a new connection", summary(first))
+        return worked
+    if first is not None:
+        logger.warning("the due read failed (%s) as the budget ran out", summary(first))
     return False
 
 
@@ -228,7 +242,14 @@ class _Drive:
         """Claim the run, or ``None``: another holder won it, or the claim's statement failed (said so)."""
         try:
             return Claim.take(row, self.options.holder, self.options.lease_for(job), self.options.clock)
-        except TRANSIENT as exc:
+        except DatabaseError as exc:
+            if db.refuses_writes(exc):
+                # Every claim would fail alike: one error, not a line per run per look.
+                raise DatabaseReadOnly(
+                    f"the database refuses writes ({summary(exc)}): no run can be claimed; the drive stops"
+                ) from None
+            if not isinstance(exc, TRANSIENT):
+                raise
             # A lock wait that timed out, a dropped connection: nothing was
             # claimed. Say so and go on with the other runs.
             logger.warning("run %s: the claim failed: %s", row.id, summary(exc))
@@ -367,10 +388,10 @@ def drive_run(
     if run is None:
         raise LookupError(f"no run has the id {run_id!r}")
     report = DriveReport()
-    # The holder of a lapsed lease is charged (a takeover); a live lease refuses the plain claim (skipped).
-    lapsed = run.lease_expires_at is not None and run.lease_expires_at <= options.clock()
-    held_by = run.lease_holder if lapsed else None
-    row = DueRow(run.id, run.lease_fence, run.module, run.job, held_by, None)
     with watchdog.bounding(options.statement_bound):
+        # The holder of a lapsed lease is charged (a takeover); a live lease refuses the plain claim (skipped).
+        lapsed = run.lease_expires_at is not None and run.lease_expires_at <= options.clock()
+        held_by = run.lease_holder if lapsed else None
+        row = DueRow(run.id, run.lease_fence, run.module, run.job, held_by, None)
         _Drive(report, options, deadline=None).handle(row)
     return report

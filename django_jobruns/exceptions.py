@@ -51,6 +51,11 @@ class DriveInTransaction(JobRunsError, RuntimeError):
     """
 
 
+class DatabaseReadOnly(JobRunsError):
+    """The database refuses writes (a read-only file, a standby, ``default_transaction_read_only``): nothing can be
+    claimed, so the drive stops at its first claim instead of trying every due run on every look."""
+
+
 class InvalidPassResult(JobRunsError, ValueError):
     """A handler returned something other than ``None`` or ``{"cursor": …, "done": …}``."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +47,7 @@ class DriveReport:
     #: it): nothing was written, and the run is taken again by a later drive.
     unrecorded: list[tuple[str, str]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    _began: float = field(default_factory=time.monotonic, repr=False, compare=False)
 
     COUNTS = (
         "attempted",
@@ -91,7 +93,13 @@ class DriveReport:
         data["warnings"] = list(self.warnings)
         data["stopped"] = self.stopped
         data["unrecorded"] = [list(pair) for pair in self.unrecorded]
+        data["seconds"] = round(self.seconds, 3)
         return data
+
+    @property
+    def seconds(self) -> float:
+        """How long the drive has taken (to now, once it has returned: to when it was reported)."""
+        return time.monotonic() - self._began
 
     def summary(self) -> str:
         counts = " ".join(f"{name}={getattr(self, name)}" for name in self.COUNTS if name not in self.RARE)

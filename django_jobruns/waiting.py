@@ -9,7 +9,8 @@ from typing import Any
 
 from django.db import DatabaseError, connections, transaction
 
-from . import db
+from . import db, watchdog
+from .outcomes import summary
 
 logger = logging.getLogger("django_jobruns")
 
@@ -47,8 +48,10 @@ _SLICE = 0.1
 class Waiter:
     """Waits, within a drive's time budget, until work may have arrived or the stop signal is set."""
 
-    def __init__(self, stop: Any) -> None:
+    def __init__(self, stop: Any, bound: float | None = None) -> None:
         self.stop = stop
+        #: The drive's bound on one statement: the LISTEN and the probe are cut past it (D15).
+        self.bound = bound
         self.woken = threading.Event()
         self.raw: Any = None
         #: The connection whose LISTEN was checked to hear a NOTIFY.
@@ -82,16 +85,11 @@ class Waiter:
         if wrapper.vendor != "postgresql" or self.deaf:
             return
         try:
-            wrapper.ensure_connection()
-            with wrapper.cursor() as cur:
-                cur.execute(f"LISTEN {CHANNEL}")
-            # psycopg 3.2+: notifications that arrive while the drive works
-            # wait in the connection's backlog. Other drivers: poll.
-            self.raw = wrapper.connection if hasattr(wrapper.connection, "notifies") else None
-            if self.raw is not None and self.raw is not self.probed:
-                self._probe(wrapper)
-        except DatabaseError:
-            logger.warning("could not LISTEN for new work; polling instead", exc_info=True)
+            with watchdog.bounding(self.bound):
+                self._listen_on(wrapper)
+        except DatabaseError as exc:
+            logger.warning("could not LISTEN for new work (%s); polling instead", summary(exc))
+            logger.debug("the LISTEN's error", exc_info=True)
             self.raw = None
         except Exception:
             # The driver's own error (psycopg's, not Django's): the connection
@@ -100,6 +98,17 @@ class Waiter:
             self.raw = None
             if not wrapper.in_atomic_block:
                 wrapper.close()
+
+    def _listen_on(self, wrapper: Any) -> None:
+        with watchdog.guarded(wrapper):
+            wrapper.ensure_connection()
+            with wrapper.cursor() as cur:
+                cur.execute(f"LISTEN {CHANNEL}")
+        # psycopg 3.2+: notifications that arrive while the drive works
+        # wait in the connection's backlog. Other drivers: poll.
+        self.raw = wrapper.connection if hasattr(wrapper.connection, "notifies") else None
+        if self.raw is not None and self.raw is not self.probed:
+            self._probe(wrapper)
 
     def _probe(self, wrapper: Any) -> None:
         """Check, once per connection, that a NOTIFY reaches this LISTEN; else poll at the SQLite rate.
@@ -115,7 +124,7 @@ class Waiter:
         # drive's own statement could share its server connection and be heard.
         other = connections.create_connection(wrapper.alias)
         try:
-            with other.cursor() as cur:
+            with watchdog.guarded(other), other.cursor() as cur:
                 cur.execute("SELECT pg_notify(%s, %s)", [CHANNEL, token])
         finally:
             other.close()

@@ -8,10 +8,12 @@ returns how many seconds to hold it; the chunks behind it wait too, in order.
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 Rule = Callable[[str, bytes], float]
 
@@ -28,6 +30,10 @@ class Forwarder:
         self.held = {"up": 0, "down": 0}
         #: Set: a partition. Nothing crosses any more, both ways, and nothing is closed.
         self.partitioned = threading.Event()
+        #: Cleared: a held partition. Nothing crosses until it is set again, then
+        #: everything held crosses, in order: a link that stalls and then recovers.
+        self.flowing = threading.Event()
+        self.flowing.set()
         #: New connections accepted while partitioned (a worker trying to reconnect).
         self.accepted_while_partitioned = 0
         threading.Thread(target=self._accept, daemon=True).start()
@@ -59,6 +65,7 @@ class Forwarder:
                 return
             if self.partitioned.is_set():
                 continue  # dropped: read (so the sender's kernel sees it taken) and never passed on
+            self.flowing.wait()  # held: this chunk and those behind it wait for the link to recover
             delay = self.rule(direction, chunk)
             if delay > 0:
                 self.held[direction] += 1
@@ -69,8 +76,17 @@ class Forwarder:
             except OSError:
                 return
 
+    def hold(self) -> None:
+        """Hold all traffic both ways (sockets open) until :meth:`deliver`."""
+        self.flowing.clear()
+
+    def deliver(self) -> None:
+        """Let what was held cross, in order, and traffic flow again."""
+        self.flowing.set()
+
     def close(self) -> None:
         self.closed.set()
+        self.flowing.set()
         self.listener.close()
         for sock in self.sockets:
             try:
@@ -103,3 +119,42 @@ def delay_clock_reading(direction: str, seconds: float) -> Rule:
         return seconds if leg == direction and any(mark in chunk for mark in CLOCK_READING[leg]) else 0.0
 
     return rule
+
+
+#: The engine's statements as they cross the wire (client-side parameters, as
+#: Django sends them), by what each does in a drive. Quoting differs by vendor.
+_Q = rb"[`\"]"
+STATEMENT_KINDS: dict[str, Any] = {
+    "due": re.compile(rb"ORDER BY COALESCE\("),
+    "claim": re.compile(
+        rb"UPDATE " + _Q + rb"django_jobruns_jobrun" + _Q + rb" SET .*lease_expires_at" + _Q + rb" (IS NULL OR|<=)",
+        re.S,
+    ),
+    "commit": re.compile(rb"SET " + _Q + rb"cursor" + _Q + rb" = "),
+    "step": re.compile(rb"(INSERT INTO|UPDATE) " + _Q + rb"django_jobruns_jobstep" + _Q),
+    "release": re.compile(
+        rb"SET " + _Q + rb"lease_holder" + _Q + rb" = NULL, " + _Q + rb"lease_expires_at" + _Q + rb" = NULL WHERE"
+    ),
+    "renew": re.compile(
+        rb"UPDATE " + _Q + rb"django_jobruns_jobrun" + _Q + rb" SET " + _Q + rb"lease_expires_at" + _Q + rb" = "
+    ),
+    "ledger": re.compile(rb"(SELECT|DELETE) .*FROM " + _Q + rb"django_jobruns_jobstep" + _Q, re.S),
+}
+#: The statement that opens MariaDB's two-statement writes' second half: the
+#: run's row is locked by the first (the heartbeat or the commit's UPDATE).
+SECOND_OF_A_FENCED_WRITE = re.compile(rb"(INSERT INTO|UPDATE|DELETE FROM) `django_jobruns_jobstep`")
+_RUN_ID = re.compile(rb"'([0-9A-HJKMNP-TV-Z]{26})'")
+
+
+def statement_kind(chunk: bytes) -> str | None:
+    """Which of the engine's statements ``chunk`` (going up) carries, if any; the first match wins."""
+    for kind, pattern in STATEMENT_KINDS.items():
+        if pattern.search(chunk):
+            return kind
+    return None
+
+
+def run_id_in(chunk: bytes) -> str | None:
+    """The first run id a statement names (a ULID in quotes), if any."""
+    found = _RUN_ID.search(chunk)
+    return found.group(1).decode() if found else None

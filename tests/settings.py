@@ -53,3 +53,15 @@ if os.environ.get("JOBRUNS_TEST_STOP_AFTER_HEARTBEAT"):
 if os.environ.get("JOBRUNS_TEST_PGBOUNCER"):
     # Behind PgBouncer in transaction mode: no server-side prepared statements (PgBouncer < 1.21).
     _db.setdefault("OPTIONS", {})["prepare_threshold"] = None
+
+if os.environ.get("JOBRUNS_TEST_READ_ONLY"):
+    # A database that refuses writes: a read-only file (a root process ignores
+    # file permissions, so not those), a standby's read-only transactions.
+    _options = _db.setdefault("OPTIONS", {})
+    if _db["ENGINE"].endswith("sqlite3"):
+        _db["NAME"] = f"file:{_db['NAME']}?mode=ro"
+        _options["uri"] = True
+    elif _db["ENGINE"].endswith("postgresql"):
+        _options["options"] = "-c default_transaction_read_only=on"
+    else:
+        _options["init_command"] = "SET SESSION TRANSACTION READ ONLY"

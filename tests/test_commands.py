@@ -128,6 +128,18 @@ def test_command_exits_non_zero_with_one_line_when_the_database_is_unreachable(t
     assert len(lines) == 1 and lines[0].startswith("CommandError: cannot reach the database:"), proc.stderr
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_drive_on_a_database_that_refuses_writes_stops_with_one_line(effects):
+    """A read-only file or a standby: every claim fails alike, so the drive says so once and exits non-zero."""
+    ids = [start_job_run("tests.walk", instance=f"ro{n}", payload={"log": str(effects)})[0].id for n in range(3)]
+    worker = manage("run_due_jobs", "--max-seconds", "3", extra_env={"JOBRUNS_TEST_READ_ONLY": "1"})
+    out, err = worker.communicate(timeout=120)
+    assert worker.returncode == 1, (out, err)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("CommandError: the database refuses writes"), err
+    assert list(JobRun.objects.filter(pk__in=ids).values_list("attempts", "lease_holder").distinct()) == [(0, None)]
+
+
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])

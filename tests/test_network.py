@@ -101,13 +101,16 @@ def test_a_drive_whose_clock_reading_is_delayed_on_the_way_there_takes_no_live_l
 
 
 def test_a_holder_whose_clock_reading_is_delayed_on_the_way_back_starts_no_step_on_a_lapsed_lease(effects):
-    """The holder's clock reading comes back 4 s late; it thinks 4 s between steps; another drive waits to take over."""
-    run, _ = start_job_run("tests.paced", instance="paced", payload={"log": str(effects), "think": 4.0})
+    """The holder's clock reading comes back 4 s late; it thinks 8 s between steps; another drive waits to take over.
+
+    The lease is 9 s: its statement bound (4.5 s) lets the late reading through rather than cutting it.
+    """
+    run, _ = start_job_run("tests.paced", instance="paced", payload={"log": str(effects), "think": 8.0})
     with forwarding(*database(), delay_clock_reading("down", 4.0)) as forwarder:
-        holder = manage("run_due_jobs", "--holder", "A", "--lease-ttl", "5", extra_env=through(forwarder.port))
+        holder = manage("run_due_jobs", "--holder", "A", "--lease-ttl", "9", extra_env=through(forwarder.port))
         wait_for_holder(run.id, "A")
         # B drives meanwhile, ready to take the run the moment its lease lapses by the database's clock.
-        other = manage("run_due_jobs", "--holder", "B", "--max-seconds", "60", "--lease-ttl", "5")
+        other = manage("run_due_jobs", "--holder", "B", "--max-seconds", "60", "--lease-ttl", "9")
         out, err = holder.communicate(timeout=120)
     other.send_signal(signal.SIGTERM)
     other.communicate(timeout=120)
@@ -230,6 +233,29 @@ def test_a_partition_without_reset_ends_the_drive_within_its_budget_plus_one_lea
     assert "outlasted its bound" in err or "Timeout (" in err, err
     # Nothing of the partitioned pass was charged: the run is taken again as after a kill.
     assert JobRun.objects.get(pk=run.pk).status == "running"
+
+
+def test_a_drive_partitioned_from_its_first_statement_ends_within_its_budget_plus_one_lease():
+    """The network is down as the drive starts (its connect and its first reading of the clock), sockets open."""
+    budget, lease = 3, 2
+    with forwarding(*database()) as forwarder:
+        forwarder.partitioned.set()
+        started = time.monotonic()
+        worker = manage(
+            "run_due_jobs", "--max-seconds", str(budget), "--lease-ttl", str(lease), extra_env=through(forwarder.port)
+        )
+        try:
+            out, err = worker.communicate(timeout=budget + lease + 30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.communicate()
+            pytest.fail("the drive hung on a partition before its first statement")
+        took = time.monotonic() - started
+        assert forwarder.accepted_while_partitioned >= 1, "the drive did reach the partitioned link"
+    # Process start-up (Django's set-up) is counted too: a few seconds of slack.
+    assert took < budget + lease + 8, took
+    said = ("cannot reach the database", "outlasted its bound", "Timeout (", "the due read failed", "could not LISTEN")
+    assert any(words in err for words in said), err
 
 
 @pytest.mark.skipif("connection.vendor != 'mysql'", reason="a fenced write of two statements is MariaDB's and MySQL's")

@@ -26,25 +26,47 @@ def _event(kind: str, run_id: str, step: str | None = None) -> None:
         # A worker behind a faulty network: the effect goes straight to the
         # server, with whether this process's lease was live by the server's
         # clock as the body started -- a step on a lapsed lease is the fault.
-        import psycopg
-
         from django_jobruns.claims import default_holder
 
+        mysql = events_url.startswith("mysql://")
         if not _direct:
-            _direct.append(psycopg.connect(events_url, autocommit=True))
-        _direct[0].execute(
+            _direct.append(_connect_direct(events_url))
+        now = "UTC_TIMESTAMP(6)" if mysql else "clock_timestamp()"
+        cur = _direct[0].cursor()
+        cur.execute(
             "INSERT INTO torture_events (kind, run_id, step, pid, note) SELECT %s, %s, %s, %s, "
-            "CASE WHEN r.lease_holder = %s AND r.lease_expires_at > clock_timestamp() THEN NULL ELSE 'lapsed' END "
+            f"CASE WHEN r.lease_holder = %s AND r.lease_expires_at > {now} THEN NULL ELSE 'lapsed' END "
             "FROM django_jobruns_jobrun r WHERE r.id = %s",
             [kind, run_id, step, os.getpid(), default_holder(), run_id],
         )
+        cur.close()
         return
-    backend = "pg_backend_pid()" if connection.vendor == "postgresql" else "NULL"
+    from django_jobruns.claims import default_holder
+
+    backend = {"postgresql": "pg_backend_pid()", "mysql": "CONNECTION_ID()"}.get(connection.vendor, "NULL")
     with connection.cursor() as cur:
         cur.execute(
-            f"INSERT INTO torture_events (kind, run_id, step, pid, backend) VALUES (%s, %s, %s, %s, {backend})",
-            [kind, run_id, step, os.getpid()],
+            "INSERT INTO torture_events (kind, run_id, step, pid, backend, holder) "
+            f"VALUES (%s, %s, %s, %s, {backend}, %s)",
+            [kind, run_id, step, os.getpid(), default_holder()],
         )
+
+
+def _connect_direct(url: str) -> Any:
+    from urllib.parse import urlsplit
+
+    if url.startswith("mysql://"):
+        import MySQLdb
+
+        parts = urlsplit(url)
+        conn = MySQLdb.connect(
+            host=parts.hostname, port=parts.port or 3306, user=parts.username, database=parts.path.lstrip("/")
+        )
+        conn.autocommit(True)
+        return conn
+    import psycopg
+
+    return psycopg.connect(url, autocommit=True)
 
 
 @job(retry=RetryPolicy(max_attempts=1000, base_delay=0, jitter=0))
