@@ -19,7 +19,11 @@ if _db["ENGINE"].endswith("sqlite3") and os.environ.get("JOBRUNS_SQLITE_DEFAULTS
     # What `django-admin startproject` writes: DEFERRED transactions, a 5 s
     # timeout, the rollback journal. The engine must be correct on it.
     _db["OPTIONS"] = {}
-    SILENCED_SYSTEM_CHECKS = ["jobruns.W001"]  # the advice for throughput, expected here
+    if not os.environ.get("JOBRUNS_TEST_SHOW_W001"):
+        SILENCED_SYSTEM_CHECKS = ["jobruns.W001"]  # the advice for throughput, expected here
+
+if os.environ.get("JOBRUNS_TEST_MISSPELT_SETTING"):
+    JOBRUNS = {"LEASE_TLL": 60}  # a key the app does not know: jobruns.E001
 
 if os.environ.get("JOBRUNS_TEST_CLOCK_SKEW"):
     # A worker process whose host clock is wrong by this many seconds (the skew tests).

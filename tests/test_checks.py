@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from typing import Any
+
 from django.conf import settings
 from django.core.checks import run_checks
 
 from django_jobruns.checks import sqlite_transaction_mode_warnings
+from tests.conftest import ROOT
 
 
 def test_w001_warns_when_sqlite_lacks_immediate_transactions():
@@ -89,3 +95,32 @@ def test_e004_when_rangefilter_is_missing(settings):
     settings.INSTALLED_APPS = [app for app in settings.INSTALLED_APPS if app != "rangefilter"]
     (error,) = check_rangefilter_installed()
     assert error.id == "jobruns.E004" and "rangefilter" in error.msg
+
+
+def _command(tmp_path: Any, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'fresh.sqlite3'}",
+        "JOBRUNS_SQLITE_DEFAULTS": "1",
+        "JOBRUNS_TEST_SHOW_W001": "1",
+        **env,
+    }
+    environ.pop("JOBRUNS_TEST_DB_NAME", None)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), *args], cwd=ROOT, env=environ, capture_output=True, text=True
+    )
+
+
+def test_w001_is_said_where_the_user_looks_not_in_every_scheduled_commands_output(tmp_path):
+    """startproject's SQLite settings: `check` and `migrate` give the advice; cron's commands stay quiet."""
+    migrated = _command(tmp_path, "migrate", "-v", "0")
+    assert migrated.returncode == 0 and "jobruns.W001" in migrated.stderr, migrated.stderr
+    assert "jobruns.W001" in _command(tmp_path, "check").stderr
+    for command in (["run_due_jobs"], ["start_job_run", "tests.walk"], ["prune_job_runs", "--older-than", "3"]):
+        done = _command(tmp_path, *command)
+        assert done.returncode == 0, done.stderr
+        assert "W001" not in done.stderr and "System check" not in done.stderr, (command, done.stderr)
+    # An error of the checks still stops a scheduled command, as it stops any command.
+    refused = _command(tmp_path, "run_due_jobs", JOBRUNS_TEST_MISSPELT_SETTING="1")
+    assert refused.returncode != 0 and "jobruns.E001" in refused.stderr, refused.stderr

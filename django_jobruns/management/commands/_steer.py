@@ -5,16 +5,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.db import DatabaseError
 
 from django_jobruns.exceptions import JobRunsError
+from django_jobruns.management.scheduled import ScheduledCommand
 from django_jobruns.models import JobRun
 
 from .run_due_jobs import first_line
 
 
-class SteerCommand(BaseCommand):
+class SteerCommand(ScheduledCommand):
     verb = ""
     takes_reason = False
 

@@ -9,9 +9,10 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.db import DatabaseError
 
+from django_jobruns.management.scheduled import ScheduledCommand
 from django_jobruns.pruning import BATCH_SIZE, FINISHED, prune_job_runs
 
 from .run_due_jobs import first_line
@@ -51,7 +52,7 @@ def _status(text: str) -> tuple[str, float | None]:
     return name, _days(days) if sep else None
 
 
-class Command(BaseCommand):
+class Command(ScheduledCommand):
     help = (
         "Delete finished (done, failed or cancelled) job runs that ended more than --older-than days ago, "
         "in batches, each its own short transaction. --status failed=90 --status done=7 keeps failures "

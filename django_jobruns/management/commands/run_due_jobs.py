@@ -12,11 +12,12 @@ import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.db import DatabaseError
 
 from django_jobruns.drive import run_due_jobs
 from django_jobruns.exceptions import JobRunsError
+from django_jobruns.management.scheduled import ScheduledCommand
 
 
 def seconds(most: float) -> Any:
@@ -71,7 +72,7 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0][:500] if text else type(exc).__name__
 
 
-class Command(BaseCommand):
+class Command(ScheduledCommand):
     help = (
         "Claim due job runs, run up to --max-passes passes of each, release them, and exit; with "
         "--max-seconds, keep working and waiting for work until the time is spent. SIGTERM/SIGINT stop "

@@ -6,16 +6,17 @@ import json
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.db import DatabaseError
 
 from django_jobruns.exceptions import JobRunsError
+from django_jobruns.management.scheduled import ScheduledCommand
 from django_jobruns.starts import start_job_run
 
 from .run_due_jobs import first_line
 
 
-class Command(BaseCommand):
+class Command(ScheduledCommand):
     help = "Start a run of a job (or join the live run for its instance) and print its id."
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -1,0 +1,28 @@
+"""What the app's commands share: they are run from schedulers, whose output lands in a log every minute."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core import checks
+from django.core.management.base import BaseCommand, SystemCheckError
+
+
+class ScheduledCommand(BaseCommand):
+    """A command a scheduler runs: the system checks' errors stop it, as they stop any command.
+
+    Their warnings (``jobruns.W001``, say) are left to where a user looks --
+    ``manage.py check``, ``migrate``, ``runserver`` -- instead of being printed
+    into a cron log on every run.
+    """
+
+    requires_system_checks: Any = []
+
+    def execute(self, *args: Any, **options: Any) -> Any:
+        if not options.get("skip_checks"):
+            errors = [issue for issue in checks.run_checks() if issue.is_serious() and not issue.is_silenced()]
+            if errors:
+                raise SystemCheckError(
+                    "System check identified some issues:\n" + "\n".join(str(issue) for issue in errors)
+                )
+        return super().execute(*args, **options)
