@@ -18,3 +18,15 @@ class JobRunsConfig(AppConfig):
 
         # Each installed app's jobs.py registers its jobs, as admin.py does.
         autodiscover_modules("jobs")
+
+        # A TASKS backend of this app: its internal job is registered here, so
+        # a worker that never enqueues still drives the tasks.
+        from django.conf import settings
+
+        if any(
+            params.get("BACKEND") == "django_jobruns.backend.JobRunsBackend"
+            for params in (getattr(settings, "TASKS", None) or {}).values()
+        ):
+            from .backend import register_configured_backends
+
+            register_configured_backends()

@@ -51,6 +51,10 @@ class DriveInTransaction(JobRunsError, RuntimeError):
     """
 
 
+class Cancelled(JobRunsError):
+    """A run was cancelled by an operator: what a cancelled task's result names as its error."""
+
+
 class DatabaseReadOnly(JobRunsError):
     """The database refuses writes (a read-only file, a standby, ``default_transaction_read_only``): nothing can be
     claimed, so the drive stops at its first claim instead of trying every due run on every look."""

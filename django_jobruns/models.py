@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .records import JobRunRecord
@@ -112,6 +113,11 @@ class JobRun(models.Model):
     restarted_from = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="restarts", db_constraint=False
     )
+    # Django's Tasks framework (``django_jobruns.backend``): a task run's
+    # priority (-100..100; job runs 0) and queue (job runs none). Added with a
+    # database default and as a nullable column: no table rewrite.
+    priority = models.SmallIntegerField(default=0, db_default=0)
+    queue_name = models.CharField(max_length=100, null=True, blank=True)
 
     objects = JobRunQuerySet.as_manager()
 
@@ -145,6 +151,26 @@ class JobRun(models.Model):
 
     def __str__(self) -> str:
         return f"{self.module}.{self.job}[{self.instance}] {self.id} ({self.status})"
+
+    # The JSON fields are stored as text (a hand-edited row that does not parse
+    # must still be readable); these give them decoded, ``None`` where absent
+    # or unreadable.
+
+    @property
+    def payload_value(self) -> Any:
+        """The payload the run was started with, decoded (``None`` if it was started without one)."""
+        return _decoded(self.payload)
+
+    @property
+    def cursor_value(self) -> Any:
+        """The cursor the last committed pass handed forward, decoded (``None`` before the first)."""
+        return _decoded(self.cursor)
+
+    @property
+    def counters_value(self) -> dict[str, Any]:
+        """The run's counters, decoded: ``run.counters_value["imported"]``."""
+        value = _decoded(self.counters)
+        return value if isinstance(value, dict) else {}
 
     @property
     def label(self) -> str:
@@ -201,3 +227,34 @@ class JobStep(models.Model):
     @property
     def completed(self) -> bool:
         return self.result is not None
+
+
+def _decoded(text: str | None) -> Any:
+    try:
+        return json.loads(text) if text is not None else None
+    except (TypeError, ValueError, RecursionError):
+        return None
+
+
+class JobAttempt(models.Model):
+    """One claim of a task run (``django_jobruns.backend``): who worked it, when, and how it ended.
+
+    Written by the pass itself as it begins and ends, outside the run's fence:
+    a pass killed mid-way leaves its record without an end, and its worker is
+    still counted among the task's ``worker_ids``.
+    """
+
+    run = models.ForeignKey(JobRun, on_delete=models.CASCADE, related_name="task_attempts", db_constraint=False)
+    number = models.IntegerField()
+    holder = models.CharField(max_length=255)
+    started_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+    #: The exception's class as a dotted path, and its traceback (the task's own).
+    error_class = models.CharField(max_length=255, null=True, blank=True)
+    traceback = models.TextField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "task attempt"
+
+    def __str__(self) -> str:
+        return f"attempt {self.number} of {self.run_id}"

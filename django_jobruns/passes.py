@@ -174,6 +174,11 @@ class Pass:
     def run(self) -> RunRef:
         return self._run
 
+    @property
+    def holder(self) -> str:
+        """Who holds this pass's lease (the drive's holder name)."""
+        return self._claim.holder
+
     def count(self, name: str, by: int | float = 1) -> None:
         """Add ``by`` to counter ``name``; kept only if the pass commits."""
         if not isinstance(name, str) or not name:

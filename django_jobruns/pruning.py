@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from django.db import transaction
 
 from . import db
-from .models import TERMINAL, JobRun, JobStep
+from .models import TERMINAL, JobAttempt, JobRun, JobStep
 
 FINISHED = tuple(str(status) for status in TERMINAL)
 BATCH_SIZE = 2_000
@@ -63,6 +63,8 @@ def prune_job_runs(
     q = wrapper.ops.quote_name
     run, step = q(JobRun._meta.db_table), q(JobStep._meta.db_table)
     link, run_id = q(JobRun._meta.get_field("restarted_from").column), q(JobStep._meta.get_field("run").column)
+    # A task run's attempt records (django_jobruns.backend) go with it.
+    attempt, attempt_run = q(JobAttempt._meta.db_table), q(JobAttempt._meta.get_field("run").column)
     deleted = 0
     if wrapper.vendor == "postgresql":
         batch = (
@@ -70,7 +72,8 @@ def prune_job_runs(
             f"LIMIT %s), "
             f"unlinked AS (UPDATE {run} SET {link} = NULL WHERE {link} IN (SELECT {q('id')} FROM batch) "
             f"AND {q('id')} NOT IN (SELECT {q('id')} FROM batch)), "
-            f"steps AS (DELETE FROM {step} WHERE {run_id} IN (SELECT {q('id')} FROM batch)) "
+            f"steps AS (DELETE FROM {step} WHERE {run_id} IN (SELECT {q('id')} FROM batch)), "
+            f"attempts AS (DELETE FROM {attempt} WHERE {attempt_run} IN (SELECT {q('id')} FROM batch)) "
             f"DELETE FROM {run} WHERE {q('id')} IN (SELECT {q('id')} FROM batch)"
         )
         params = [wanted, wrapper.ops.adapt_datetimefield_value(cutoff), batch_size]
@@ -94,6 +97,7 @@ def prune_job_runs(
         with transaction.atomic(using=using), wrapper.cursor() as cur:
             cur.execute(f"UPDATE {run} SET {link} = NULL WHERE {link} IN ({marks})", ids)
             cur.execute(f"DELETE FROM {step} WHERE {run_id} IN ({marks})", ids)
+            cur.execute(f"DELETE FROM {attempt} WHERE {attempt_run} IN ({marks})", ids)
             cur.execute(
                 f"DELETE FROM {run} WHERE {q('id')} IN ({marks}) AND {q('status')} IN ({statuses_in})", [*ids, *wanted]
             )

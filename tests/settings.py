@@ -69,3 +69,20 @@ if os.environ.get("JOBRUNS_TEST_READ_ONLY"):
         _options["options"] = "-c default_transaction_read_only=on"
     else:
         _options["init_command"] = "SET SESSION TRANSACTION READ ONLY"
+
+# Django's Tasks framework on this app (django_jobruns.backend); tests of the
+# other backends override it.
+from datetime import timedelta as _lease_length  # noqa: E402
+
+from django_jobruns import RetryPolicy as _RetryPolicy  # noqa: E402
+
+TASKS = {
+    "default": {
+        "BACKEND": "django_jobruns.backend.JobRunsBackend",
+        "QUEUES": ["default", "emails"],
+        "OPTIONS": {
+            "RETRY": _RetryPolicy(max_attempts=3, base_delay=0, jitter=0),
+            "LEASE_TTL": _lease_length(seconds=5),
+        },
+    }
+}

@@ -1,0 +1,244 @@
+"""Django's Tasks framework on this engine: ``django_jobruns.backend.JobRunsBackend``.
+
+The cases Django's own database backend is held to (enqueue, results, refresh,
+validation, signals), and what it lacks: retries, a SIGKILLed worker's task
+taken over and charged, durable steps across a takeover, cancel.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from django_jobruns import run_due_jobs, start_job_run
+from django_jobruns.backend import TASKS_MODULE, JobRunsBackend, TaskResultDoesNotExist, TaskResultStatus
+from django_jobruns.models import JobAttempt, JobRun
+from django_jobruns.steering import cancel_job_run
+from tests import task_functions as t
+from tests.conftest import manage
+
+_framework = importlib.import_module("django.tasks" if importlib.util.find_spec("django.tasks") else "django_tasks")
+task_backends: Any = _framework.task_backends
+default_task_backend: Any = _framework.default_task_backend
+_exceptions: Any = importlib.import_module(f"{_framework.__name__}.exceptions")
+#: Django 6 names it InvalidTask; the backport InvalidTaskError.
+InvalidTask: Any = getattr(_exceptions, "InvalidTask", None) or _exceptions.InvalidTaskError
+_signals: Any = importlib.import_module(f"{_framework.__name__}.signals")
+task_enqueued, task_started, task_finished = _signals.task_enqueued, _signals.task_started, _signals.task_finished
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def capture(signal: Any) -> list[tuple[Any, Any]]:
+    received: list[tuple[Any, Any]] = []
+
+    def receiver(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        received.append((sender, task_result))
+
+    signal.connect(receiver, weak=False, dispatch_uid=f"test-{id(received)}")
+    received.append  # noqa: B018
+    return received
+
+
+def test_the_backend_is_the_one_configured_with_every_capability():
+    backend = task_backends["default"]
+    assert isinstance(backend, JobRunsBackend) and default_task_backend.alias == "default"
+    assert backend.supports_defer and backend.supports_async_task and backend.supports_get_result
+    assert backend.supports_priority
+    assert list(backend.check()) == []
+
+
+@pytest.mark.parametrize("task", [t.noop_task, t.noop_task_async])
+def test_enqueue_is_one_insert_and_returns_a_ready_result_whose_id_is_the_run(task):
+    received = capture(task_enqueued)
+    with CaptureQueriesContext(connection) as queries:
+        result = task.enqueue(1, two=3)
+    inserts = [q["sql"] for q in queries.captured_queries if q["sql"].upper().startswith("INSERT")]
+    assert len(inserts) == 1, inserts
+    assert result.status == TaskResultStatus.READY and not result.is_finished
+    assert (result.started_at, result.last_attempted_at, result.finished_at, result.attempts) == (None, None, None, 0)
+    with pytest.raises(ValueError, match="Task has not finished yet"):
+        result.return_value  # noqa: B018
+    assert result.task == task and result.args == [1] and result.kwargs == {"two": 3}
+    run = JobRun.objects.get(pk=result.id)
+    assert (run.module, run.job, run.status) == (TASKS_MODULE, "default", "running")
+    assert [r for _, r in received] == [result]
+
+
+def test_each_enqueue_is_its_own_run_never_coalesced():
+    first, second = t.add.enqueue(1, 2), t.add.enqueue(1, 2)
+    assert first.id != second.id and JobRun.objects.filter(module=TASKS_MODULE).count() == 2
+
+
+def test_enqueue_in_a_transaction_that_rolls_back_leaves_no_task():
+    class Undo(Exception):
+        pass
+
+    with pytest.raises(Undo), transaction.atomic():
+        result = t.add.enqueue(1, 2)
+        assert JobRun.objects.filter(pk=result.id).exists()
+        raise Undo
+    assert not JobRun.objects.filter(module=TASKS_MODULE).exists()
+
+
+def test_arguments_that_are_not_json_are_refused_at_enqueue_and_nothing_is_written():
+    with pytest.raises(TypeError, match="JSON"):
+        t.noop_task.enqueue(timezone.now())
+    with pytest.raises(TypeError, match="JSON"):
+        t.noop_task.enqueue(value=object())
+    assert not JobRun.objects.filter(module=TASKS_MODULE).exists()
+
+
+def test_django_validation_refuses_what_it_refuses():
+    with pytest.raises(InvalidTask):
+        t.noop_task.using(queue_name="nowhere")
+    with pytest.raises(InvalidTask):
+        t.noop_task.using(priority=101)
+
+
+def test_get_result_reads_the_run_and_refresh_sees_it_finish():
+    result = t.calculate_meaning_of_life.enqueue()
+    assert default_task_backend.get_result(result.id) == result
+    assert run_due_jobs().completed == 1
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.is_finished
+    assert result.return_value == 42 and result.attempts == 1
+    assert result.started_at is not None and result.finished_at is not None and result.last_attempted_at is not None
+    assert result.worker_ids == [JobAttempt.objects.get(run_id=result.id).holder]
+
+
+def test_unknown_malformed_and_plain_job_run_ids_raise_task_result_does_not_exist(effects):
+    run, _ = start_job_run("tests.walk", payload={"log": str(effects)})
+    for result_id in ("123", "0" * 26, run.id, ""):
+        with pytest.raises(TaskResultDoesNotExist):
+            default_task_backend.get_result(result_id)
+
+
+def test_async_task_and_async_api():
+    from asgiref.sync import async_to_sync
+
+    result = async_to_sync(t.noop_task_async.aenqueue)()
+    run_due_jobs()
+    fetched = async_to_sync(default_task_backend.aget_result)(result.id)
+    assert fetched.status == TaskResultStatus.SUCCESSFUL and fetched.return_value is None
+
+
+def test_signals_started_and_finished_are_sent_by_the_drive():
+    started, finished = capture(task_started), capture(task_finished)
+    result = t.add.enqueue(2, 3)
+    run_due_jobs()
+    assert [r.id for _, r in started] == [result.id]
+    assert [(r.id, r.status) for _, r in finished] == [(result.id, TaskResultStatus.SUCCESSFUL)]
+    assert default_task_backend.get_result(result.id).return_value == 5
+
+
+def test_a_failing_task_is_retried_by_the_policy_and_fails_with_its_own_errors():
+    result = t.failing_value_error.enqueue()
+    for _ in range(5):
+        run_due_jobs()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED and result.attempts == 3
+    assert [e.exception_class_path for e in result.errors] == ["builtins.ValueError"] * 3
+    assert "This task failed due to ValueError" in result.errors[0].traceback
+    assert "Traceback" in result.errors[0].traceback
+    with pytest.raises(ValueError, match="Task failed"):
+        result.return_value  # noqa: B018
+
+
+def test_a_flaky_task_succeeds_on_a_retry(tmp_path):
+    result = t.flaky.enqueue(str(tmp_path / "log"), 1)
+    run_due_jobs()
+    run_due_jobs()
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == "ok"
+    assert result.attempts == 2 and [e.exception_class_path for e in result.errors] == ["builtins.ConnectionError"]
+
+
+def test_a_task_that_cannot_be_imported_fails_and_blocks_nothing_behind_it():
+    broken = t.add.enqueue(1, 1)
+    run = JobRun.objects.get(pk=broken.id)
+    payload = json.loads(run.payload)
+    payload["task"] = "tests.task_functions.gone_away"
+    JobRun.objects.filter(pk=run.pk).update(payload=json.dumps(payload))
+    behind = t.add.enqueue(2, 2)
+    report = run_due_jobs(limit=5)
+    assert report.failed == 1 and report.completed == 1
+    assert default_task_backend.get_result(behind.id).return_value == 4
+    failed = default_task_backend.get_result(broken.id)
+    assert failed.status == TaskResultStatus.FAILED and failed.attempts == 1
+
+
+def test_run_after_defers_the_task_until_then():
+    later = timezone.now() + timedelta(hours=1)
+    result = t.add.using(run_after=later).enqueue(1, 2)
+    assert run_due_jobs().attempted == 0
+    assert default_task_backend.get_result(result.id).task.run_after == later
+    report = run_due_jobs(now=lambda: later + timedelta(seconds=1))
+    assert report.completed == 1
+
+
+def test_priority_and_queue_are_stored():
+    result = t.send_email.enqueue("ops@example.com")
+    run = JobRun.objects.get(pk=result.id)
+    assert (run.priority, run.queue_name) == (10, "emails")
+    assert default_task_backend.get_result(result.id).task.priority == 10
+
+
+def test_a_cancelled_task_is_failed_with_the_cancel_as_its_error():
+    result = t.add.enqueue(1, 2)
+    cancel_job_run(result.id, reason="not needed")
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert result.errors[-1].exception_class_path == "django_jobruns.exceptions.Cancelled"
+    assert run_due_jobs().attempted == 0
+
+
+@pytest.mark.slow
+def test_a_sigkilled_workers_task_is_taken_over_charged_and_skips_its_completed_steps(tmp_path):
+    """The first step records, then the worker is SIGKILLed; a later drive takes the task over after the lease."""
+    log = str(tmp_path / "steps.log")
+    result = t.durable_steps.enqueue(log, True)
+    first = manage("run_due_jobs")
+    first.communicate(timeout=120)
+    assert first.returncode == -9, "the worker was killed inside the task"
+    # The lease (5 s) lapses by the database's clock; a drive with a budget takes the task over then.
+    second = manage("run_due_jobs", "--max-seconds", "20", "--json")
+    out, err = second.communicate(timeout=120)
+    assert second.returncode == 0, err
+    assert json.loads(out)["taken_over"] == 1
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL, (result.status, result.errors)
+    with open(log) as lines:
+        assert lines.read().splitlines() == ["first", "second"], "each step ran once"
+    assert result.attempts == 2 and len(set(result.worker_ids)) == 2
+    assert result.return_value == {"a": "one", "b": "two", "attempt": 2}
+    run = JobRun.objects.get(pk=result.id)
+    assert json.loads(run.counters) == {"steps": 2}
+
+
+def test_the_tasks_runs_are_pruned_with_their_attempts():
+    from django_jobruns.pruning import prune_job_runs
+
+    result = t.add.enqueue(1, 2)
+    run_due_jobs()
+    assert JobAttempt.objects.filter(run_id=result.id).count() == 1
+    assert prune_job_runs(older_than=timedelta(0), now=timezone.now() + timedelta(seconds=1)) >= 1
+    assert not JobAttempt.objects.filter(run_id=result.id).exists()
+
+
+def test_worker_process_without_an_enqueue_drives_tasks():
+    """A worker that never touched the backend (cron's run_due_jobs) still has the tasks' job registered."""
+    result = t.add.enqueue(20, 22)
+    worker = manage("run_due_jobs", "--json")
+    out, err = worker.communicate(timeout=120)
+    assert worker.returncode == 0, err
+    assert json.loads(out)["completed"] == 1
+    assert default_task_backend.get_result(result.id).return_value == 42
