@@ -48,6 +48,7 @@ def run_due_jobs(
     stop: StopSignal | None = None,
     now: Callable[[], datetime] | None = None,
     max_seconds: float | None = None,
+    queues: Iterable[str] | None = None,
 ) -> DriveReport:
     """Claim up to ``limit`` due runs, run up to ``max_passes`` passes of each, release them.
 
@@ -77,6 +78,7 @@ def run_due_jobs(
         stop=stop,
         now=now,
         max_seconds=max_seconds,
+        queues=queues,
     )
     if isinstance(options.clock, db.InjectedClock):
         started = options.clock()
@@ -150,7 +152,14 @@ def _round_on_a_live_connection(report: DriveReport, options: DriveOptions, dead
     return False
 
 
-def due_rows(jobs: Iterable[Job], now: datetime | None, limit: int, scan_max: int, report: DriveReport) -> list[DueRow]:
+def due_rows(
+    jobs: Iterable[Job],
+    now: datetime | None,
+    limit: int,
+    scan_max: int,
+    report: DriveReport,
+    queues: frozenset[str] | None = None,
+) -> list[DueRow]:
     """Read the oldest due runs of ``jobs`` at ``now`` (``None``: by the database's clock), until ``limit`` are found.
 
     ``limit`` counts runnable runs, not rows read: runs of jobs this process
@@ -170,6 +179,8 @@ def due_rows(jobs: Iterable[Job], now: datetime | None, limit: int, scan_max: in
         batch = store().due(now, after, page)
         scanned += len(batch)
         for row in batch:
+            if queues is not None and row.queue_name is not None and row.queue_name not in queues:
+                continue  # a task of a queue this drive does not work
             if (row.module, row.job) in wanted:
                 found.append(row)
             elif lookup(row.module, row.job) is None:
@@ -204,7 +215,9 @@ class _Drive:
         # worker, the rest of the window is taken in random order, so workers
         # started together stop racing each other for the same next run.
         options.clock.refresh()
-        rows = due_rows(options.jobs, options.clock.lease_now(), min(2 * options.limit, scan_max), scan_max, report)
+        rows = due_rows(
+            options.jobs, options.clock.lease_now(), min(2 * options.limit, scan_max), scan_max, report, options.queues
+        )
         if options.concurrency == 1 or len(rows) <= 1:
             pending = list(rows)
             contended = False
@@ -392,6 +405,6 @@ def drive_run(
         # The holder of a lapsed lease is charged (a takeover); a live lease refuses the plain claim (skipped).
         lapsed = run.lease_expires_at is not None and run.lease_expires_at <= options.clock()
         held_by = run.lease_holder if lapsed else None
-        row = DueRow(run.id, run.lease_fence, run.module, run.job, held_by, None)
+        row = DueRow(run.id, run.lease_fence, run.module, run.job, held_by, run.queue_name, run.priority, None)
         _Drive(report, options, deadline=None).handle(row)
     return report

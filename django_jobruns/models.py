@@ -66,9 +66,10 @@ class JobRunQuerySet(models.QuerySet["JobRun"]):
         """In the order runs became due: a run backing off since its next attempt, any other since its start.
 
         So a run that backed off queues behind the runs that became due before
-        it, rather than jumping ahead of them by its older id (D9).
+        it, rather than jumping ahead of them by its older id (D9). Higher
+        ``priority`` first (a task's; job runs have 0).
         """
-        return self.order_by(Coalesce("next_attempt_at", "started_at"), "id")
+        return self.order_by("-priority", Coalesce("next_attempt_at", "started_at"), "id")
 
 
 class JobRun(models.Model):

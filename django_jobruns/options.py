@@ -36,6 +36,8 @@ class DriveOptions:
     clock: db.Clock
     #: Seconds of work with waits between (D14); ``None``: one bounded pass.
     budget: float | None
+    #: The task queues this drive works (``None``: every queue); job runs have none and are always driven.
+    queues: frozenset[str] | None = None
 
     @classmethod
     def from_arguments(
@@ -50,6 +52,7 @@ class DriveOptions:
         stop: Any = None,
         now: Any = None,
         max_seconds: Any = None,
+        queues: Any = None,
     ) -> DriveOptions:
         """Check ``run_due_jobs``'s arguments: :class:`InvalidDriveOptions` names the first that is wrong."""
         limit = positive_int(conf.get("DRIVE_LIMIT") if limit is None else limit, "limit")
@@ -64,7 +67,7 @@ class DriveOptions:
         if stop is not None and not callable(getattr(stop, "is_set", None)):
             raise InvalidDriveOptions(f"stop must be a threading.Event (or have is_set()), got {stop!r}")
         clock = drive_clock(now)  # last: without ``now`` it reads the database's clock
-        return cls(limit, max_passes, holder, ttl, concurrency, tuple(selected), stop, clock, budget)
+        return cls(limit, max_passes, holder, ttl, concurrency, tuple(selected), stop, clock, budget, _queues(queues))
 
     @property
     def statement_bound(self) -> float:
@@ -120,6 +123,19 @@ def drive_clock(value: Any) -> db.Clock:
     if not callable(value):
         raise InvalidDriveOptions(f"now must be a callable returning an aware datetime, got {value!r}")
     return db.InjectedClock(value)
+
+
+def _queues(value: Any) -> frozenset[str] | None:
+    if value is None:
+        return None
+    names = [value] if isinstance(value, str) else value
+    try:
+        chosen = frozenset(names)
+    except TypeError:
+        raise InvalidDriveOptions(f"queues must be a list of queue names, got {value!r}") from None
+    if not chosen or not all(isinstance(name, str) and name for name in chosen):
+        raise InvalidDriveOptions(f"queues must be non-empty queue names (None: every queue), got {value!r}")
+    return chosen
 
 
 def _budget(value: Any) -> float | None:

@@ -242,3 +242,39 @@ def test_worker_process_without_an_enqueue_drives_tasks():
     assert worker.returncode == 0, err
     assert json.loads(out)["completed"] == 1
     assert default_task_backend.get_result(result.id).return_value == 42
+
+
+def test_a_drive_works_only_the_queues_it_is_given_and_job_runs_beside_them(effects):
+    default, email = t.add.enqueue(1, 2), t.send_email.enqueue("a@example.com")
+    plain, _ = start_job_run("tests.walk", payload={"log": str(effects)})
+    report = run_due_jobs(queues=["emails"], limit=10)
+    assert report.completed == 2, report.as_dict()  # the email task and the job run
+    assert default_task_backend.get_result(email.id).status == TaskResultStatus.SUCCESSFUL
+    assert default_task_backend.get_result(default.id).status == TaskResultStatus.READY
+    assert JobRun.objects.get(pk=plain.pk).status == "done"
+    worker = manage("run_due_jobs", "--queue", "default", "--json")
+    out, err = worker.communicate(timeout=120)
+    assert worker.returncode == 0 and json.loads(out)["completed"] == 1, err
+    assert default_task_backend.get_result(default.id).return_value == 3
+
+
+def test_queues_that_cannot_mean_anything_are_refused():
+    from django_jobruns.exceptions import InvalidDriveOptions
+
+    queues: Any
+    for queues in ([], [""], 5):
+        with pytest.raises(InvalidDriveOptions, match="queue"):
+            run_due_jobs(queues=queues)
+
+
+def test_higher_priority_tasks_are_taken_first_then_the_order_they_became_due(effects):
+    low = t.add.using(priority=-5).enqueue(1, 1)
+    plain, _ = start_job_run("tests.walk", payload={"log": str(effects)})  # a job run: priority 0
+    first_high = t.add.using(priority=7).enqueue(2, 2)
+    second_high = t.add.using(priority=7).enqueue(3, 3)
+    order = []
+    for _ in range(4):
+        before = {r.id for r in JobRun.objects.filter(status="done")}
+        assert run_due_jobs(limit=1).attempted == 1
+        order += [r.id for r in JobRun.objects.filter(status="done") if r.id not in before]
+    assert order == [first_high.id, second_high.id, plain.id, low.id]

@@ -35,6 +35,10 @@ class DueRow(NamedTuple):
     job: str
     #: The holder recorded on a lapsed lease (its pass stopped reporting), else ``None``.
     holder: str | None
+    #: A task run's queue (``django_jobruns.backend``); ``None`` for a job run.
+    queue_name: str | None
+    #: Its priority: the due order's first key, highest first.
+    priority: int
     #: When the run became due: its position in the due order (the next page starts after it).
     due_since: Any
 
@@ -151,7 +155,10 @@ class Store:
         at = st.now_params(now)
         with self.connection.cursor() as cur:
             if after is not None:
-                cur.execute(st.due_after, [*at, *at, after.due_since, after.due_since, after.id, limit])
+                cur.execute(
+                    st.due_after,
+                    [*at, *at, after.priority, after.priority, after.due_since, after.due_since, after.id, limit],
+                )
             else:
                 cur.execute(st.due_first, [*at, *at, limit])
             return [DueRow(*row) for row in cur.fetchall()]

@@ -33,7 +33,7 @@ RUN_FIELDS = (
 )
 
 #: The due read's columns, in :class:`~django_jobruns.store.DueRow`'s order.
-DUE_FIELDS = ("id", "lease_fence", "module", "job", "lease_holder")
+DUE_FIELDS = ("id", "lease_fence", "module", "job", "lease_holder", "queue_name", "priority")
 
 
 @dataclass(frozen=True)
@@ -135,16 +135,20 @@ class Statements:
         # SQLite one range of the partial jobruns_due_order index over the runs
         # in flight. The status is spelled out, not a parameter, so the planner
         # can match the partial index's predicate.
+        # Higher priority first (tasks of Django's Tasks framework; job runs are 0).
         since = f"COALESCE({r['next_attempt_at']}, {r['started_at']})"
+        priority = r["priority"]
         due = (
             f"SELECT {', '.join(r[name] for name in DUE_FIELDS)}, {since} "
             f"FROM {run} WHERE {r['status']} = '{Status.RUNNING.value}' AND {r['paused_at']} IS NULL "
             f"AND ({r['next_attempt_at']} IS NULL OR {r['next_attempt_at']} <= {now}) "
             f"AND ({r['lease_expires_at']} IS NULL OR {r['lease_expires_at']} <= {now})"
         )
-        self.due_first = f"{due} ORDER BY {since}, {r['id']} LIMIT %s"
+        order = f"ORDER BY {priority} DESC, {since}, {r['id']}"
+        self.due_first = f"{due} {order} LIMIT %s"
         self.due_after = (
-            f"{due} AND ({since} > %s OR ({since} = %s AND {r['id']} > %s)) ORDER BY {since}, {r['id']} LIMIT %s"
+            f"{due} AND ({priority} < %s OR ({priority} = %s AND ({since} > %s OR ({since} = %s AND {r['id']} > %s)))) "
+            f"{order} LIMIT %s"
         )
         self.ledger = (
             f"SELECT {s['step']}, {s['result']}, {s['attempts']}, {s['last_error']} FROM {step} WHERE {s['run']} = %s"

@@ -113,6 +113,13 @@ class Command(ScheduledCommand):
             help="keep working (and waiting for work) for this many seconds, then finish the "
             "pass in flight, release and exit (default: one bounded pass)",
         )
+        parser.add_argument(
+            "--queue",
+            action="append",
+            dest="queues",
+            metavar="NAME",
+            help="work only the tasks of this queue (repeatable; default every queue; job runs are always driven)",
+        )
         parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -130,6 +137,7 @@ class Command(ScheduledCommand):
                 jobs=options["jobs"],
                 stop=stop,
                 max_seconds=options["max_seconds"],
+                queues=options.get("queues"),
             )
         except JobRunsError as exc:
             raise CommandError(str(exc)) from None
