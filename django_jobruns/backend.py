@@ -27,7 +27,7 @@ from django.utils.module_loading import import_string
 
 from . import db
 from .exceptions import GiveUp
-from .models import JobAttempt, JobRun, Status
+from .models import TASKS_MODULE, JobAttempt, JobRun, Status
 from .registry import Job, lookup
 from .retry import RetryPolicy
 
@@ -58,8 +58,6 @@ task_finished: Any = _signals.task_finished
 logger = logging.getLogger("django_jobruns")
 tasks_logger = logging.getLogger("django_tasks")
 
-#: The app label of the internal jobs that run tasks; each backend alias is a job name.
-TASKS_MODULE = "django_jobruns_tasks"
 
 _current_pass: contextvars.ContextVar[Any] = contextvars.ContextVar("django_jobruns_task_pass")
 

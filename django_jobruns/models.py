@@ -153,6 +153,17 @@ class JobRun(models.Model):
     def __str__(self) -> str:
         return f"{self.module}.{self.job}[{self.instance}] {self.id} ({self.status})"
 
+    @property
+    def is_task(self) -> bool:
+        """Whether this run is a task of Django's Tasks framework (``django_jobruns.backend``)."""
+        return self.module == TASKS_MODULE
+
+    @property
+    def task_path(self) -> str | None:
+        """A task run's function, by its module path (``None`` for a job run)."""
+        payload = self.payload_value if self.is_task else None
+        return payload.get("task") if isinstance(payload, dict) else None
+
     # The JSON fields are stored as text (a hand-edited row that does not parse
     # must still be readable); these give them decoded, ``None`` where absent
     # or unreadable.
@@ -235,6 +246,11 @@ def _decoded(text: str | None) -> Any:
         return json.loads(text) if text is not None else None
     except (TypeError, ValueError, RecursionError):
         return None
+
+
+#: The app label of the internal jobs that run the tasks of Django's Tasks
+#: framework (``django_jobruns.backend``): one job per backend alias.
+TASKS_MODULE = "django_jobruns_tasks"
 
 
 class JobAttempt(models.Model):

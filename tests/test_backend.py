@@ -19,8 +19,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_jobruns import run_due_jobs, start_job_run
-from django_jobruns.backend import TASKS_MODULE, JobRunsBackend, TaskResultDoesNotExist, TaskResultStatus
-from django_jobruns.models import JobAttempt, JobRun
+from django_jobruns.backend import JobRunsBackend, TaskResultDoesNotExist, TaskResultStatus
+from django_jobruns.models import TASKS_MODULE, JobAttempt, JobRun
 from django_jobruns.steering import cancel_job_run
 from tests import task_functions as t
 from tests.conftest import manage
@@ -278,3 +278,33 @@ def test_higher_priority_tasks_are_taken_first_then_the_order_they_became_due(ef
         assert run_due_jobs(limit=1).attempted == 1
         order += [r.id for r in JobRun.objects.filter(status="done") if r.id not in before]
     assert order == [first_high.id, second_high.id, plain.id, low.id]
+
+
+def test_the_admin_lists_task_runs_by_task_filters_queue_and_priority_and_shows_arguments_result_and_errors(
+    admin_client,
+):
+    from django.urls import reverse
+
+    changelist = reverse("admin:django_jobruns_jobrun_changelist")
+    done = t.add.enqueue(40, 2)
+    failing = t.failing_value_error.enqueue()
+    email = t.send_email.enqueue("ops@example.com")
+    run_due_jobs(limit=2, queues=["default"])
+    page = admin_client.get(changelist).content.decode()
+    assert "task tests.task_functions.add [queue default, priority 0]" in page
+    assert "task tests.task_functions.send_email [queue emails, priority 10]" in page
+    only_emails = admin_client.get(changelist, {"queue": "emails"}).content.decode()
+    assert email.id in only_emails and done.id not in only_emails
+    high = admin_client.get(changelist, {"priority": "high"}).content.decode()
+    assert email.id in high and failing.id not in high
+
+    detail = admin_client.get(reverse("admin:django_jobruns_jobrun_change", args=[done.id])).content.decode()
+    assert "tests.task_functions.add" in detail and "40" in detail and "42" in detail
+    detail = admin_client.get(reverse("admin:django_jobruns_jobrun_change", args=[failing.id])).content.decode()
+    assert "builtins.ValueError" in detail and "This task failed due to ValueError" in detail
+    assert "(not finished)" in detail
+
+    # Steering works on task runs as on job runs.
+    steer = reverse("admin:django_jobruns_jobrun_steer", args=[email.id])
+    assert admin_client.post(steer, {"verb": "cancel"}).status_code == 302
+    assert default_task_backend.get_result(email.id).status == TaskResultStatus.FAILED

@@ -8,6 +8,7 @@ runs (:mod:`.pages`); stored values are shown by :mod:`.display`.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -22,10 +23,10 @@ from django.utils.timesince import timesince, timeuntil
 from rangefilter.filters import DateRangeFilterBuilder
 
 from .. import search
-from ..models import JobRun, JobStep, Status
+from ..models import JobAttempt, JobRun, JobStep, Status
 from .actions import STEERING, RunActions, _InlineBase, steering_verbs
 from .display import change_url, compact_time, exact_time, pretty, progress_html
-from .pages import EstimatedCountPaginator, JobFilter, JobRunChangeList, StateFilter
+from .pages import EstimatedCountPaginator, JobFilter, JobRunChangeList, PriorityFilter, QueueFilter, StateFilter
 
 _ULID = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}")
 
@@ -61,6 +62,39 @@ class JobStepInline(_InlineBase):
         return False
 
 
+class JobAttemptInline(admin.TabularInline):  # type: ignore[type-arg]
+    """A task run's attempts: who worked it, when, and the task's own error and traceback."""
+
+    model = JobAttempt
+    extra = 0
+    max_num = 0
+    can_delete = False
+    show_change_link = False
+    fields = ("number", "holder", "started_at", "ended_at", "error")
+    readonly_fields = fields
+    ordering = ("number",)
+    verbose_name_plural = "attempts (one per claim; an attempt without an end was a worker that stopped reporting)"
+
+    @admin.display(description="error")
+    def error(self, obj: JobAttempt) -> SafeString:
+        if not obj.error_class:
+            return format_html("{}", "—")
+        return format_html(
+            '<details><summary>{}</summary><pre class="jobruns-error">{}</pre></details>',
+            obj.error_class,
+            obj.traceback or "",
+        )
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 @admin.register(JobRun)
 class JobRunAdmin(RunActions):
     change_form_template = "admin/django_jobruns/jobrun/change_form.html"
@@ -78,6 +112,8 @@ class JobRunAdmin(RunActions):
         "status",
         StateFilter,
         JobFilter,
+        QueueFilter,
+        PriorityFilter,
         ("started_at", DateRangeFilterBuilder(title="started")),
         ("ended_at", DateRangeFilterBuilder(title="ended")),
     )
@@ -131,6 +167,25 @@ class JobRunAdmin(RunActions):
         "restarts_links",
     )
 
+    _TASK_FIELDSET: Any = (
+        "Task",
+        {"fields": ("task_name", "queue_name", "priority", "task_arguments", "task_return_value")},
+    )
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        fieldsets = list(super().get_fieldsets(request, obj))
+        if obj is not None and obj.is_task:
+            fieldsets.insert(1, self._TASK_FIELDSET)
+        return fieldsets
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return (*self.readonly_fields, "task_name", "queue_name", "priority", "task_arguments", "task_return_value")
+
+    def get_inlines(self, request: HttpRequest, obj: Any = None) -> Any:
+        if obj is not None and obj.is_task:
+            return [JobAttemptInline, *self.inlines]
+        return self.inlines
+
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[JobRun], search_term: str
     ) -> tuple[QuerySet[JobRun], bool]:
@@ -175,7 +230,25 @@ class JobRunAdmin(RunActions):
 
     @admin.display(description="job [instance]", ordering="module")
     def key(self, obj: JobRun) -> str:
+        if obj.is_task:
+            return f"task {obj.task_path or '?'} [queue {obj.queue_name}, priority {obj.priority}]"
         return f"{obj.module}.{obj.job} [{obj.instance}]"
+
+    @admin.display(description="task")
+    def task_name(self, obj: JobRun) -> str:
+        return obj.task_path or "—"
+
+    @admin.display(description="arguments")
+    def task_arguments(self, obj: JobRun) -> SafeString:
+        payload = obj.payload_value if isinstance(obj.payload_value, dict) else {}
+        arguments = {"args": payload.get("args", []), "kwargs": payload.get("kwargs", {})}
+        return pretty(json.dumps(arguments))
+
+    @admin.display(description="return value")
+    def task_return_value(self, obj: JobRun) -> SafeString:
+        if obj.status != Status.DONE:
+            return format_html('<span class="jobruns-empty">{}</span>', "(not finished)")
+        return pretty(obj.cursor)
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, obj: JobRun) -> SafeString:

@@ -93,6 +93,46 @@ class JobFilter(admin.SimpleListFilter):
         return queryset.filter(module=module, job=name)
 
 
+class QueueFilter(admin.SimpleListFilter):
+    """A task run's queue (Django's Tasks framework), from the TASKS setting: no query."""
+
+    title = "task queue"
+    parameter_name = "queue"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        from django.conf import settings
+
+        names: set[str] = set()
+        for params in (getattr(settings, "TASKS", None) or {}).values():
+            if params.get("BACKEND") == "django_jobruns.backend.JobRunsBackend":
+                names.update(params.get("QUEUES") or ["default"])
+        return [(name, name) for name in sorted(names)]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> QuerySet[JobRun]:
+        value = self.value()
+        return queryset.filter(queue_name=value) if value else queryset
+
+
+class PriorityFilter(admin.SimpleListFilter):
+    """A task run's priority, as Django's Tasks framework ranges it (-100..100; job runs 0)."""
+
+    title = "priority"
+    parameter_name = "priority"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("high", "above 0"), ("normal", "0"), ("low", "below 0")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> QuerySet[JobRun]:
+        value = self.value()
+        if value == "high":
+            return queryset.filter(priority__gt=0)
+        if value == "normal":
+            return queryset.filter(priority=0)
+        if value == "low":
+            return queryset.filter(priority__lt=0)
+        return queryset
+
+
 class StateFilter(admin.SimpleListFilter):
     """What an operator looks for at 3 a.m.: runs backing off, leased, with a lapsed lease, paused, orphaned."""
 
