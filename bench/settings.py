@@ -45,3 +45,11 @@ if DATABASES["default"]["ENGINE"].endswith("postgresql") and os.environ.get("BEN
 if DATABASES["default"]["ENGINE"].endswith("postgresql") and os.environ.get("JOBRUNS_TEST_PGBOUNCER"):
     # Behind PgBouncer in transaction mode: no prepared statements.
     DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = None
+
+if os.environ.get("BENCH_TASKS"):
+    # bench/tasks.py: Django's Tasks on this app's backend ("ours") or on django-tasks-db ("peer").
+    if os.environ["BENCH_TASKS"] == "peer":
+        INSTALLED_APPS = [*INSTALLED_APPS, "django_tasks_db"]
+        TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
+    else:
+        TASKS = {"default": {"BACKEND": "django_jobruns.backend.JobRunsBackend"}}

@@ -263,51 +263,54 @@ def register_configured_backends() -> None:
 
 def _run_task(p: Any) -> dict[str, Any]:
     """One pass of a task run: import the function, call it, hand back its return value as the final cursor."""
-    from asgiref.sync import async_to_sync
-
     run_id, alias = p.run.id, p.run.job
     payload = p.payload if isinstance(p.payload, dict) else {}
     path = payload.get("task", "")
-    attempt = JobAttempt.objects.using(db.alias()).create(
-        run_id=run_id,
-        number=JobAttempt.objects.using(db.alias()).filter(run_id=run_id).count() + 1,
-        holder=p.holder,
-        started_at=db.now(),
-    )
+    attempt = _Attempt(run_id, p.attempt)
+    attempt.begin(p.holder)
     try:
         task = import_string(path)
-    except (ImportError, ValueError) as exc:
-        _ended(attempt, exc)
-        raise GiveUp(f"the task {path!r} cannot be imported: {exc}") from None
-    if not isinstance(task, Task):
-        error = TypeError(f"{path!r} is not a task (decorate it with @task)")
-        _ended(attempt, error)
-        raise GiveUp(str(error))
-    run = JobRun.objects.using(db.alias()).get(pk=run_id)
+        if not isinstance(task, Task):
+            raise TypeError(f"{path!r} is not a task (decorate it with @task)")
+    except (ImportError, ValueError, TypeError) as exc:
+        attempt.end(exc)
+        raise GiveUp(f"the task {path!r} cannot be run: {exc}") from None
     backend = task.get_backend() if task.backend == alias else None
-    attempts = list(JobAttempt.objects.using(db.alias()).filter(run_id=run_id).order_by("number"))
-    result = backend._result(run, task_of(run, alias), attempts) if isinstance(backend, JobRunsBackend) else None
     sender = type(backend) if backend is not None else JobRunsBackend
-    if result is not None:
+    takes_context = bool(payload.get("takes_context"))
+    signalled = task_started.has_listeners(sender) or task_finished.has_listeners(sender)
+    result = None
+    if (takes_context or signalled) and isinstance(backend, JobRunsBackend):
+        # Built only when someone looks at it: the task's context (every attempt, read), a receiver of
+        # the signals (the attempt in flight only: no read on the way of every task).
+        if takes_context:
+            attempts = list(JobAttempt.objects.using(db.alias()).filter(run_id=run_id).order_by("number", "id"))
+        else:
+            attempts = [JobAttempt(run_id=run_id, number=p.attempt, holder=p.holder, started_at=attempt.began)]
+        result = backend._result(p._row, task_of(p._row, alias), attempts)
         object.__setattr__(result, "status", TaskResultStatus.RUNNING)
         task_started.send(sender, task_result=result)
     args, kwargs = payload.get("args", []), payload.get("kwargs", {})
     token = _current_pass.set(p)
     try:
-        if payload.get("takes_context"):
+        if takes_context:
             args = [JobRunsTaskContext(task_result=result), *args]
-        function = async_to_sync(task.func) if iscoroutinefunction(task.func) else task.func
-        value = function(*args, **kwargs)
+        if iscoroutinefunction(task.func):
+            from asgiref.sync import async_to_sync
+
+            value = async_to_sync(task.func)(*args, **kwargs)
+        else:
+            value = task.func(*args, **kwargs)
         json.dumps(value, allow_nan=False)  # a return value that cannot be stored fails the task here
     except BaseException as exc:
-        _ended(attempt, exc)
+        attempt.end(exc)
         if result is not None:
             object.__setattr__(result, "status", TaskResultStatus.FAILED)
             task_finished.send(sender, task_result=result)
         raise
     finally:
         _current_pass.reset(token)
-    _ended(attempt, None)
+    attempt.end(None)
     if result is not None:
         object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
         object.__setattr__(result, "_return_value", value)
@@ -315,11 +318,37 @@ def _run_task(p: Any) -> dict[str, Any]:
     return {"cursor": value, "done": True}
 
 
-def _ended(attempt: JobAttempt, exc: BaseException | None) -> None:
-    attempt.ended_at = db.now()
-    if exc is not None:
-        attempt.error_class = f"{type(exc).__module__}.{type(exc).__qualname__}"
-        attempt.traceback = "".join(traceback.format_exception(exc))
-    JobAttempt.objects.using(db.alias()).filter(pk=attempt.pk).update(
-        ended_at=attempt.ended_at, error_class=attempt.error_class, traceback=attempt.traceback
-    )
+class _Attempt:
+    """A task run's attempt record, written as the pass begins and as it ends (one statement each, autocommit)."""
+
+    def __init__(self, run_id: str, number: int) -> None:
+        self.run_id, self.number = run_id, number
+        wrapper = db.connection()
+        q = wrapper.ops.quote_name
+        self.table = q(JobAttempt._meta.db_table)
+        self.q = q
+
+    def begin(self, holder: str) -> None:
+        q, wrapper = self.q, db.connection()
+        self.began = db.now()
+        now = wrapper.ops.adapt_datetimefield_value(self.began)
+        with wrapper.cursor() as cur:
+            cur.execute(
+                f"INSERT INTO {self.table} ({q('run_id')}, {q('number')}, {q('holder')}, {q('started_at')}) "
+                "VALUES (%s, %s, %s, %s)",
+                [self.run_id, self.number, holder, now],
+            )
+
+    def end(self, exc: BaseException | None) -> None:
+        q, wrapper = self.q, db.connection()
+        now = wrapper.ops.adapt_datetimefield_value(db.now())
+        error = traceback_text = None
+        if exc is not None:
+            error = f"{type(exc).__module__}.{type(exc).__qualname__}"
+            traceback_text = "".join(traceback.format_exception(exc))
+        with wrapper.cursor() as cur:
+            cur.execute(
+                f"UPDATE {self.table} SET {q('ended_at')} = %s, {q('error_class')} = %s, {q('traceback')} = %s "
+                f"WHERE {q('run_id')} = %s AND {q('number')} = %s AND {q('ended_at')} IS NULL",
+                [now, error, traceback_text, self.run_id, self.number],
+            )

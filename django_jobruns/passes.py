@@ -144,6 +144,8 @@ class Pass:
         self._cursor = decode(run.cursor, "cursor")
         self._counters = decode_counters(run.counters)
         self._run = RunRef(run.id, run.module, run.job, run.instance)
+        # The row as the claim read it (the tasks backend builds a task's result from it).
+        self._row = run
         self._job = job
         self._claim = claim
         self._ledger = ledger
@@ -173,6 +175,11 @@ class Pass:
     @property
     def run(self) -> RunRef:
         return self._run
+
+    @property
+    def attempt(self) -> int:
+        """Which attempt this pass is: 1, then one more for each failed or abandoned attempt before it."""
+        return self._row.attempts + 1
 
     @property
     def holder(self) -> str:

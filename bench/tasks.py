@@ -1,0 +1,136 @@
+#!/usr/bin/env python
+"""Django's Tasks: this app's backend against django-tasks-db's, on the same database, rounds interleaved.
+
+    python bench/tasks.py --db {sqlite,postgres} [--tasks N] [--latency K] [--rounds R]
+
+Each phase is a fresh database and a fresh worker process waiting for work:
+``manage.py run_due_jobs --max-seconds …`` for this app, ``manage.py db_worker``
+(its defaults: a poll every second) for django-tasks-db. Throughput: N no-op
+tasks enqueued in one transaction, timed from the commit until the last has
+finished. Latency: K tasks enqueued one at a time, each returning the moment
+it started; enqueue-to-start is that moment less the moment before the
+enqueue (one host, one clock), each enqueue at a random moment of the
+worker's wait. Medians over the rounds; the last line is the
+summary with the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import ROOT, drop_database, fresh_database, median, run_phase, setup_django  # noqa: E402
+
+
+def phase(db: str, which: str, tasks: int, latency: int) -> dict[str, float]:
+    os.environ["BENCH_TASKS"] = which
+    name = f"bench_tasks_{which}"
+    url = fresh_database(db, name)
+    setup_django(url, "wal")
+    from django.db import transaction
+
+    from bench.tasks_app import task_functions as t
+
+    if which == "ours":
+        from django_jobruns.models import JobRun
+
+        def finished() -> int:
+            return JobRun.objects.filter(status__in=["done", "failed"]).count()
+
+        command = ["run_due_jobs", "--max-seconds", "600", "--limit", "50"]
+    else:
+        from django_tasks_db.models import DBTaskResult
+
+        def finished() -> int:
+            return DBTaskResult.objects.filter(status__in=["SUCCESSFUL", "FAILED"]).count()
+
+        command = ["db_worker"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    worker = subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), *command],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+
+        def wait_for(count: int, limit: float = 600) -> None:
+            deadline = time.monotonic() + limit
+            while finished() < count:
+                if time.monotonic() > deadline or worker.poll() is not None:
+                    raise SystemExit(f"{which}: {finished()} of {count} tasks finished")
+                time.sleep(0.002)
+
+        t.noop.enqueue()  # the worker is up and waiting once this one has run
+        wait_for(1)
+        with transaction.atomic():
+            for _ in range(tasks):
+                t.noop.enqueue()
+        began = time.perf_counter()
+        wait_for(1 + tasks)
+        per_second = tasks / (time.perf_counter() - began)
+        waits = []
+        phase_rng = random.Random(7)
+        for n in range(latency):
+            # Each enqueue at a random moment of the worker's wait (a second is the peer's poll), as
+            # work arrives in production; right after the previous task it would always find a
+            # polling worker at the start of its sleep.
+            time.sleep(phase_rng.uniform(0, 1.0))
+            before = time.time()
+            result = t.started_at.enqueue()
+            wait_for(2 + tasks + n)
+            result.refresh()
+            waits.append(result.return_value - before)
+    finally:
+        worker.terminate()
+        worker.wait(timeout=120)
+        from django.db import connections
+
+        connections.close_all()
+        drop_database(db, name)
+    return {"tasks_per_s": per_second, "latency_p50_s": statistics.median(waits)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--db", choices=["sqlite", "postgres"], required=True)
+    parser.add_argument("--tasks", type=int, default=300)
+    parser.add_argument("--latency", type=int, default=15)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--phase", choices=["ours", "peer"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.phase:
+        print(json.dumps(phase(args.db, args.phase, args.tasks, args.latency)))
+        return 0
+    results: dict[str, list[dict[str, float]]] = {"ours": [], "peer": []}
+    for round_ in range(args.rounds):
+        order = ["ours", "peer"] if round_ % 2 == 0 else ["peer", "ours"]
+        for which in order:
+            sizes = ["--tasks", str(args.tasks), "--latency", str(args.latency)]
+            figures = run_phase("tasks.py", "--db", args.db, "--phase", which, *sizes)
+            results[which].append(figures)
+            print(f"round {round_ + 1} {which}: {json.dumps(figures)}", flush=True)
+    ours_rate = median([r["tasks_per_s"] for r in results["ours"]])
+    peer_rate = median([r["tasks_per_s"] for r in results["peer"]])
+    ours_p50 = median([r["latency_p50_s"] for r in results["ours"]])
+    peer_p50 = median([r["latency_p50_s"] for r in results["peer"]])
+    print(
+        f"db={args.db} tasks={args.tasks} rounds={args.rounds} ours_tasks_per_s={ours_rate:.0f} "
+        f"peer_tasks_per_s={peer_rate:.0f} throughput_ratio={ours_rate / peer_rate:.2f} "
+        f"ours_latency_p50_s={ours_p50:.3f} peer_latency_p50_s={peer_p50:.3f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
