@@ -8,7 +8,7 @@ from django.conf import settings
 from django.core import checks
 
 
-@checks.register(checks.Tags.database, checks.Tags.compatibility)
+@checks.register(checks.Tags.compatibility)  # reads settings only: shown by `check` without --database
 def check_sqlite_transaction_mode(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """jobruns.W001: SQLite without IMMEDIATE transactions: correct, but slower under several workers."""
     return sqlite_transaction_mode_warnings(settings.DATABASES)
