@@ -28,7 +28,7 @@ from django.utils.module_loading import import_string
 from . import db
 from .exceptions import GiveUp
 from .models import TASKS_MODULE, JobAttempt, JobRun, Status
-from .registry import Job, lookup
+from .registry import MIN_LEASE, Job, lookup
 from .retry import RetryPolicy
 
 
@@ -56,7 +56,6 @@ task_started: Any = _signals.task_started
 task_finished: Any = _signals.task_finished
 
 logger = logging.getLogger("django_jobruns")
-tasks_logger = logging.getLogger("django_tasks")
 
 
 _current_pass: contextvars.ContextVar[Any] = contextvars.ContextVar("django_jobruns_task_pass")
@@ -128,7 +127,6 @@ class JobRunsBackend(BaseTaskBackend):  # type: ignore[misc]
 
         notify_due()
         result = self._result(run, task, [])
-        tasks_logger.debug("Task id=%s path=%s enqueued backend=%s", run.id, task.module_path, self.alias)
         task_enqueued.send(type(self), task_result=result)
         return result
 
@@ -194,9 +192,11 @@ class JobRunsBackend(BaseTaskBackend):  # type: ignore[misc]
                 f"TASKS[{self.alias!r}]['OPTIONS']['RETRY'] must be a RetryPolicy, got {retry!r}", id="jobruns.E011"
             )
         lease = self.options.get("LEASE_TTL")
-        if lease is not None and not isinstance(lease, (timedelta, int, float)):
+        length = timedelta(seconds=lease) if isinstance(lease, (int, float)) else lease
+        if lease is not None and (not isinstance(length, timedelta) or length < MIN_LEASE):
             yield checks.Error(
-                f"TASKS[{self.alias!r}]['OPTIONS']['LEASE_TTL'] must be a timedelta or seconds, got {lease!r}",
+                f"TASKS[{self.alias!r}]['OPTIONS']['LEASE_TTL'] must be a timedelta or seconds of at least "
+                f"{MIN_LEASE.total_seconds():g}, got {lease!r}",
                 id="jobruns.E012",
             )
 

@@ -84,3 +84,10 @@ def hangs_until_killed(log: str) -> None:
     with open(log, "a") as out:
         out.write("started\n")
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+@task()
+def gives_up() -> None:
+    from django_jobruns import GiveUp
+
+    raise GiveUp("the order was deleted: nothing to do, ever")

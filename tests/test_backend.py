@@ -308,3 +308,42 @@ def test_the_admin_lists_task_runs_by_task_filters_queue_and_priority_and_shows_
     steer = reverse("admin:django_jobruns_jobrun_steer", args=[email.id])
     assert admin_client.post(steer, {"verb": "cancel"}).status_code == 302
     assert default_task_backend.get_result(email.id).status == TaskResultStatus.FAILED
+
+
+def test_enqueue_is_logged_once_by_the_framework(caplog):
+    import logging
+
+    with caplog.at_level(logging.DEBUG, logger="django_tasks"):
+        result = t.noop_task.enqueue()
+    lines = [r.getMessage() for r in caplog.records if r.name == "django_tasks"]
+    assert len(lines) == 1 and "enqueued" in lines[0] and result.id in lines[0], lines
+
+
+def test_give_up_fails_the_task_at_once():
+    result = t.gives_up.enqueue()
+    run_due_jobs()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED and result.attempts == 1
+    assert result.errors[0].exception_class_path == "django_jobruns.exceptions.GiveUp"
+
+
+def test_a_paused_task_reads_ready_and_is_not_run_until_unpaused():
+    from django_jobruns.steering import pause_job_run, unpause_job_run
+
+    result = t.add.enqueue(1, 2)
+    pause_job_run(result.id)
+    assert run_due_jobs().attempted == 0
+    assert default_task_backend.get_result(result.id).status == TaskResultStatus.READY
+    unpause_job_run(result.id)
+    assert run_due_jobs().completed == 1
+
+
+def test_check_names_a_lease_or_retry_that_cannot_work(settings):
+    from django_jobruns.registry import unregister
+
+    backend = JobRunsBackend("checked", {"OPTIONS": {"LEASE_TTL": 1, "RETRY": 3}})
+    try:
+        ids = sorted(message.id for message in backend.check())
+    finally:
+        unregister(f"{TASKS_MODULE}.checked")
+    assert ids == ["jobruns.E011", "jobruns.E012"]
