@@ -108,6 +108,15 @@ def run_due_jobs(
     return report
 
 
+#: The claims this process holds now (every drive's, every thread's): what a signal's message counts.
+_in_flight: set[int] = set()
+
+
+def in_flight() -> int:
+    """How many runs this process is working on now (held under a claim)."""
+    return len(_in_flight)
+
+
 def _refuse_callers_transaction() -> None:
     if db.in_callers_transaction():
         raise DriveInTransaction(
@@ -288,6 +297,7 @@ class _Drive:
                 self.slots += 1
             return True
         claim, claimed = taken.claim, taken.row
+        _in_flight.add(id(claim))
         self.report.add(Count.ATTEMPTED)
         if claim.took_over_from is not None:
             self.report.add(Count.TAKEN_OVER)
@@ -323,6 +333,7 @@ class _Drive:
         finally:
             if not released and not claim.lost:
                 self.release(claim)
+            _in_flight.discard(id(claim))
         return True
 
     def passes(self, run: JobRun, job: Job, claim: Claim, ledger: Any) -> bool:

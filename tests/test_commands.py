@@ -167,6 +167,37 @@ def test_command_on_signal_finishes_the_pass_in_flight_releases_and_exits_zero(t
     assert untouched.status == Status.RUNNING and untouched.lease_fence == 0, "no new run was taken after the signal"
 
 
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_first_signal_says_what_it_waits_for_and_a_second_stops_at_once(tmp_path, effects):
+    entered_fifo, release_fifo = tmp_path / "entered.fifo", tmp_path / "release.fifo"
+    os.mkfifo(entered_fifo)
+    os.mkfifo(release_fifo)
+    payload = {
+        "log": str(effects),
+        "fifo": str(entered_fifo),
+        "release": str(release_fifo),
+        "marker": str(tmp_path / "m"),
+    }
+    run, _ = start_job_run("tests.blocking", instance="twice", payload=payload)
+    worker = manage("run_due_jobs", "--json", "--lease-ttl", "30")
+    with open(entered_fifo) as entered:
+        assert int(entered.readline()) == worker.pid
+    worker.send_signal(signal.SIGINT)  # the step is blocked: the pass stays in flight
+    import select
+
+    assert select.select([worker.stderr], [], [], 60)[0], "the first signal said nothing"
+    first = worker.stderr.readline()
+    assert "stopping after the pass in flight (1 running); SIGINT again to stop at once" in first, first
+    worker.send_signal(signal.SIGINT)
+    out, err = worker.communicate(timeout=60)
+    assert worker.returncode == 128 + signal.SIGINT, (out, err)
+    assert "stopping at once: 1 run(s) in flight keep their lease" in err, err
+    run.refresh_from_db()
+    # As after a kill: still leased to the stopped worker, nothing recorded; a takeover follows the lapse.
+    assert run.status == Status.RUNNING and run.lease_holder is not None and run.attempts == 0
+
+
 def wait_until(condition, what, timeout=60):
     """Poll the database for a state the test waits on (the worker is another process)."""
     import time

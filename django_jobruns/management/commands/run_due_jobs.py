@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import signal
 import sys
 import threading
@@ -15,7 +16,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 from django.db import DatabaseError
 
-from django_jobruns.drive import run_due_jobs
+from django_jobruns.drive import in_flight, run_due_jobs
 from django_jobruns.exceptions import JobRunsError
 from django_jobruns.management.scheduled import ScheduledCommand
 
@@ -170,11 +171,31 @@ class Command(ScheduledCommand):
                 "they will be taken again by a later drive"
             )
 
-    @staticmethod
-    def _install_signal_handlers(stop: threading.Event) -> dict[int, Any]:
+    def _install_signal_handlers(self, stop: threading.Event) -> dict[int, Any]:
+        """The first SIGTERM/SIGINT: finish the passes in flight, release, exit. The second: exit at once.
+
+        At once means as after a kill: each run in flight keeps its lease
+        until it lapses, then another drive takes it over and charges the
+        interrupted pass as an attempt.
+        """
         previous: dict[int, Any] = {}
         if threading.current_thread() is not threading.main_thread():
             return previous  # signals can only be handled on the main thread
+
+        def handle(signum: int, frame: Any) -> None:
+            if not stop.is_set():
+                stop.set()
+                self.stderr.write(
+                    f"stopping after the pass in flight ({in_flight()} running); "
+                    f"{signal.Signals(signum).name} again to stop at once"
+                )
+                return
+            self.stderr.write(
+                f"stopping at once: {in_flight()} run(s) in flight keep their lease until it lapses, then another "
+                "drive takes them over"
+            )
+            os._exit(128 + signum)
+
         for signum in (signal.SIGTERM, signal.SIGINT):
-            previous[signum] = signal.signal(signum, lambda *_: stop.set())
+            previous[signum] = signal.signal(signum, handle)
         return previous
