@@ -179,6 +179,7 @@ def due_rows(
     """
     wanted = {entry.key for entry in jobs}
     found: list[DueRow] = []
+    unregistered: list[DueRow] = []
     scanned = 0
     after: DueRow | None = None
     while len(found) < limit and scanned < scan_max:
@@ -194,10 +195,59 @@ def due_rows(
                 found.append(row)
             elif lookup(row.module, row.job) is None:
                 report.add(Count.UNREGISTERED)
+                unregistered.append(row)
         if len(batch) < page:
             break  # the end of the due runs
         after = batch[-1]
+    if unregistered:
+        _say_unregistered(unregistered, report)
     return found[:limit]
+
+
+#: The start of the warning a run whose job is not registered gets (the admin marks such runs by it).
+UNREGISTERED_WARNING = "job not registered"
+
+
+def _say_unregistered(rows: list[DueRow], report: DriveReport) -> None:
+    """Name the jobs nobody here drives, once per drive each, and mark their runs once for the admin.
+
+    The mark is the run's ``last_warning``, written the first time any drive
+    steps over the run (one UPDATE of the new ones), never again: a look every
+    poll costs no writes.
+    """
+    new: dict[str, list[str]] = {}
+    for row in rows:
+        label = f"{row.module}.{row.job}"
+        seen = report.unregistered_runs.setdefault(label, set())
+        if row.id not in seen:
+            seen.add(row.id)
+            new.setdefault(label, []).append(row.id)
+    for label, ids in new.items():
+        if len(report.unregistered_runs[label]) == len(ids):  # the first sighting of this job in this drive
+            logger.warning(
+                "%d due run(s) of job %s are not driven: no job of that name is registered in this process (jobs "
+                "are registered when Django imports each installed app's jobs.py); e.g. run %s",
+                len(ids),
+                label,
+                ids[0],
+            )
+    marked = [run_id for ids in new.values() for run_id in ids]
+    if not marked:
+        return
+    from . import watchdog
+
+    note = (
+        f"{UNREGISTERED_WARNING} in the process that drove it ({default_holder()}), seen "
+        f"{db.now():%Y-%m-%d %H:%M:%S} UTC: the job must be registered (in an installed app's jobs.py) "
+        "in the processes that run run_due_jobs"
+    )
+    try:
+        with watchdog.guarded(db.connection()):
+            JobRun.objects.using(db.alias()).filter(pk__in=marked, status=Status.RUNNING).exclude(
+                last_warning__startswith=UNREGISTERED_WARNING
+            ).update(last_warning=note)
+    except DatabaseError:
+        logger.debug("could not mark the runs whose job is not registered", exc_info=True)
 
 
 class _Drive:

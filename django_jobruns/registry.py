@@ -165,7 +165,10 @@ def get_job(ref: Job | str | Callable[..., Any]) -> Job:
         registered = _jobs.get((module, name))
         if registered is None:
             known = ", ".join(sorted(j.label for j in _jobs.values())) or "none"
-            raise UnknownJob(f"no job is registered as {ref!r} (registered: {known})")
+            raise UnknownJob(
+                f"no job is registered as {ref!r} (registered: {known}). Jobs are registered when Django imports "
+                "each installed app's jobs.py: define the @job there, or import its module from there"
+            )
         return registered
     raise UnknownJob(f"{ref!r} is not a job: pass a function decorated with @job or an 'app_label.name' string")
 

@@ -46,6 +46,8 @@ class DriveReport:
     #: Runs whose pass could not be recorded at all (the database failed under
     #: it): nothing was written, and the run is taken again by a later drive.
     unrecorded: list[tuple[str, str]] = field(default_factory=list)
+    #: The due runs stepped over because their job is not registered here, by job ("app_label.name").
+    unregistered_runs: dict[str, set[str]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     _began: float = field(default_factory=time.monotonic, repr=False, compare=False)
 
@@ -93,6 +95,7 @@ class DriveReport:
         data["warnings"] = list(self.warnings)
         data["stopped"] = self.stopped
         data["unrecorded"] = [list(pair) for pair in self.unrecorded]
+        data["unregistered_jobs"] = {label: len(ids) for label, ids in sorted(self.unregistered_runs.items())}
         data["seconds"] = round(self.seconds, 3)
         return data
 

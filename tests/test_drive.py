@@ -374,6 +374,28 @@ def test_the_report_counts_runs_of_jobs_this_process_does_not_register(clock):
     assert "unregistered=1" in report.summary()
 
 
+def test_a_run_whose_job_is_not_registered_is_named_in_the_log_and_report_and_marked_once(clock, caplog):
+    """A @job outside jobs.py: the start succeeded elsewhere; here nothing drives it. Say which, and where to look."""
+    from django.utils import timezone
+
+    now = timezone.now()
+    stray = JobRun.objects.create(module="catalog", job="import_feed", instance="x", started_at=now, updated_at=now)
+    with caplog.at_level("WARNING", logger="django_jobruns"):
+        report = run_due_jobs(now=clock)
+        run_due_jobs(now=clock)
+    assert report.as_dict()["unregistered_jobs"] == {"catalog.import_feed": 1}
+    said = [r.getMessage() for r in caplog.records if "catalog.import_feed" in r.getMessage()]
+    assert len(said) == 2 and "jobs.py" in said[0] and stray.id in said[0], said  # once per drive
+    stray.refresh_from_db()
+    assert stray.last_warning.startswith("job not registered in the process that drove it"), stray.last_warning
+    first = stray.last_warning
+    run_due_jobs(now=clock)
+    stray.refresh_from_db()
+    assert stray.last_warning == first, "marked once, not on every look"
+    with pytest.raises(UnknownJob, match="jobs.py"):
+        start_job_run("catalog.import_feed")
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_drive_inside_the_callers_transaction_is_refused_and_claims_nothing(behaviour, clock):
     """Its commits would roll back with the caller's transaction, and the passes it reported be lost."""

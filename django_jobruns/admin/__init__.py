@@ -23,6 +23,7 @@ from django.utils.timesince import timesince, timeuntil
 from rangefilter.filters import DateRangeFilterBuilder
 
 from .. import search
+from ..drive import UNREGISTERED_WARNING
 from ..models import JobAttempt, JobRun, JobStep, Status
 from .actions import STEERING, RunActions, _InlineBase, steering_verbs
 from .display import change_url, compact_time, exact_time, pretty, progress_html
@@ -252,6 +253,12 @@ class JobRunAdmin(RunActions):
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, obj: JobRun) -> SafeString:
+        if obj.status == Status.RUNNING and (obj.last_warning or "").startswith(UNREGISTERED_WARNING):
+            return format_html(
+                '<span class="jobruns-status jobruns-status-unregistered" title="{}">{}</span>',
+                obj.last_warning,
+                "running (job not registered)",
+            )
         if obj.status == Status.RUNNING and obj.paused_at is not None:
             return format_html(
                 '<span class="jobruns-status jobruns-status-paused" title="paused at {}">{}</span>',

@@ -83,7 +83,19 @@ class JobFilter(admin.SimpleListFilter):
     parameter_name = "job"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(entry.label, entry.label) for entry in registered_jobs()]
+        known = [(entry.label, entry.label) for entry in registered_jobs()]
+        # And the jobs of runs in flight that no job here is registered for (one read of the
+        # runs in flight, marked by the drive that stepped over them), so they can be found.
+        from ..drive import UNREGISTERED_WARNING
+
+        labels = {label for label, _ in known}
+        strays = (
+            JobRun.objects.filter(status=Status.RUNNING, last_warning__startswith=UNREGISTERED_WARNING)
+            .values_list("module", "job")
+            .distinct()
+        )
+        extra = sorted({f"{module}.{job}" for module, job in strays} - labels)
+        return known + [(label, f"{label} (not registered)") for label in extra]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> QuerySet[JobRun]:
         value = self.value()
