@@ -439,7 +439,9 @@ def _fail(run: JobRun, job: Job, claim: Claim, p: Pass | None, exc: BaseExceptio
     )
     if not retry_deadlocks(lambda: claim.write(fields), f"run {run.id}: failed pass"):
         return LOST
-    logger.warning(
+    # A run that ends failed is an error an operator must see; a pass that will be retried a warning.
+    logger.log(
+        logging.ERROR if exhausted else logging.WARNING,
         "run %s (%s.%s) pass failed%s: %s",
         run.id,
         run.module,

@@ -115,7 +115,8 @@ def test_a_search_that_fits_one_page_reads_the_runs_once(admin_client):
         return [
             q["sql"]
             for q in ctx.captured_queries
-            if "FROM" in q["sql"] and "django_jobruns_jobrun" in q["sql"].split("FROM", 1)[1][:40]
+            if "FROM" in q["sql"]
+            and "django_jobruns_jobrun" in q["sql"].split("FROM", 1)[1][:40]
             # not the job filter's list of jobs found unregistered (a read of the marked runs in flight)
             and not q["sql"].startswith("SELECT DISTINCT")
         ]

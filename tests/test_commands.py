@@ -425,3 +425,37 @@ def test_run_due_jobs_prints_each_error_once_with_its_time():
     lines = [line for line in err.splitlines() if "KeyError" in line and "pass failed" in line]
     assert len(lines) == 1, err
     assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", lines[0]), lines[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_verbosity_zero_quiets_an_idle_drive_but_not_one_that_worked(effects):
+    idle = call("run_due_jobs", "-v", "0")
+    assert idle == ""
+    start_job_run("tests.walk", payload={"log": str(effects)})
+    assert "completed=1" in call("run_due_jobs", "-v", "0")
+
+
+def test_start_job_run_documents_every_option(capsys):
+    with pytest.raises(SystemExit):
+        call_command("start_job_run", "--help")
+    text = capsys.readouterr().out
+    for option in ("--instance", "--payload", "APP.NAME"):
+        assert option in text
+    assert "'default'" in text and "p.payload is None" in text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_that_ends_failed_is_logged_as_an_error_a_retry_as_a_warning(behaviour, caplog):
+    from django_jobruns import run_due_jobs
+    from tests import jobs
+
+    def boom(p):
+        raise RuntimeError("upstream gone")
+
+    jobs.BEHAVIOUR["doomed"] = boom
+    start_job_run("tests.scripted", instance="doomed")
+    with caplog.at_level("WARNING", logger="django_jobruns"):
+        for day in range(1, 5):
+            run_due_jobs(now=lambda day=day: timezone.now() + timedelta(days=day))
+    levels = [r.levelname for r in caplog.records if "upstream gone" in r.getMessage()]
+    assert levels and levels[-1] == "ERROR" and set(levels[:-1]) <= {"WARNING"}, levels

@@ -126,6 +126,7 @@ class Command(ScheduledCommand):
                         "by_status": counts,
                         "older_than_days": plan,
                         "seconds": round(seconds, 3),
+                        # The same keys on a dry run: nothing deleted, no rate.
                         "runs_per_second": round(total / seconds) if seconds > 0 and not options["dry_run"] else None,
                     }
                 )

@@ -149,8 +149,11 @@ class Command(ScheduledCommand):
                 signal.signal(signum, handler)
             if logged is not None:
                 logging.getLogger("django_jobruns").removeHandler(logged)
+        idle = report.attempted == 0 and not report.errors and not report.warnings and not report.unrecorded
         if options["json"]:
             self.stdout.write(json.dumps(report.as_dict()))
+        elif options["verbosity"] == 0 and idle:
+            pass  # -v 0: a drive that found nothing to do says nothing (cron mails no empty reports)
         else:
             self.stdout.write(report.summary())
             if not logging.getLogger("django_jobruns").isEnabledFor(logging.WARNING):

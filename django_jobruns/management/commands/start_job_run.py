@@ -20,9 +20,18 @@ class Command(ScheduledCommand):
     help = "Start a run of a job (or join the live run for its instance) and print its id."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("job", metavar="APP.NAME")
-        parser.add_argument("--instance", default="default")
-        parser.add_argument("--payload", default=None, metavar="JSON")
+        parser.add_argument("job", metavar="APP.NAME", help="the job to start, as 'app_label.job_name'")
+        parser.add_argument(
+            "--instance",
+            default="default",
+            help="which run of the job: one live run per job and instance (default: 'default')",
+        )
+        parser.add_argument(
+            "--payload",
+            default=None,
+            metavar="JSON",
+            help="the run's input as JSON, handed to every pass as p.payload (default: none, p.payload is None)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         payload = None
