@@ -456,6 +456,7 @@ def test_a_run_that_ends_failed_is_logged_as_an_error_a_retry_as_a_warning(behav
     start_job_run("tests.scripted", instance="doomed")
     with caplog.at_level("WARNING", logger="django_jobruns"):
         for day in range(1, 5):
-            run_due_jobs(now=lambda day=day: timezone.now() + timedelta(days=day))
+            later = timezone.now() + timedelta(days=day)
+            run_due_jobs(now=lambda later=later: later)
     levels = [r.levelname for r in caplog.records if "upstream gone" in r.getMessage()]
     assert levels and levels[-1] == "ERROR" and set(levels[:-1]) <= {"WARNING"}, levels
