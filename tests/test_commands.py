@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from datetime import timedelta
+from typing import Any
 from io import StringIO
 
 import pytest
@@ -457,6 +458,10 @@ def test_a_run_that_ends_failed_is_logged_as_an_error_a_retry_as_a_warning(behav
     with caplog.at_level("WARNING", logger="django_jobruns"):
         for day in range(1, 5):
             later = timezone.now() + timedelta(days=day)
-            run_due_jobs(now=lambda later=later: later)
+
+            def clock(at: Any = later) -> Any:
+                return at
+
+            run_due_jobs(now=clock)
     levels = [r.levelname for r in caplog.records if "upstream gone" in r.getMessage()]
     assert levels and levels[-1] == "ERROR" and set(levels[:-1]) <= {"WARNING"}, levels
