@@ -9,8 +9,8 @@ import signal
 import subprocess
 import sys
 from datetime import timedelta
-from typing import Any
 from io import StringIO
+from typing import Any
 
 import pytest
 from django.core.management import call_command
