@@ -418,3 +418,17 @@ def drive_run_by_id(run_id, clock):
     from django_jobruns.drive import drive_run
 
     return drive_run(run_id, now=clock)
+
+
+def test_the_models_json_fields_read_decoded_and_tolerate_a_row_that_does_not_parse(effects):
+    run, _ = start_job_run("tests.walk", payload={"log": str(effects), "passes": 1})
+    run_due_jobs()
+    run.refresh_from_db()
+    assert run.payload_value == {"log": str(effects), "passes": 1}
+    assert run.counters_value and all(isinstance(v, int | float) for v in run.counters_value.values())
+    assert run.cursor_value == json.loads(run.cursor)
+    JobRun.objects.filter(pk=run.pk).update(counters="{not json", payload="[")
+    run.refresh_from_db()
+    assert run.counters_value == {} and run.payload_value is None
+    bare, _ = start_job_run("tests.walk", instance="bare")
+    assert bare.payload_value is None and bare.instance == "bare"
