@@ -18,6 +18,8 @@ from .run_due_jobs import first_line
 class SteerCommand(ScheduledCommand):
     verb = ""
     takes_reason = False
+    #: Made due, but paused: the operator expected it to run (retry_job_run_now).
+    stays_paused_is_a_failure = False
 
     def act(self, run_id: str, **options: Any) -> JobRun:
         raise NotImplementedError
@@ -34,11 +36,15 @@ class SteerCommand(ScheduledCommand):
                 run = self.act(run_id, **options)
             except JobRunsError as exc:
                 failures += 1
-                self.stderr.write(f"run {run_id}: {exc}")
+                # The error names the run already where it knows it: no "run X: run X is ...".
+                self.stderr.write(str(exc) if run_id in str(exc) else f"run {run_id}: {exc}")
                 continue
             except DatabaseError as exc:
                 raise CommandError(f"cannot reach the database: {first_line(exc)}") from None
             self.stdout.write(f"{self.verb} run {run.id} ({run.label} [{run.instance}], now {describe(run)})")
+            if self.stays_paused_is_a_failure and run.paused_at is not None:
+                failures += 1
+                self.stderr.write(f"run {run.id} stays paused: it is not due until unpaused (unpause_job_run {run.id})")
         if failures:
             raise CommandError(f"{failures} run(s) could not be {self.verb.lower()}")
 

@@ -1,0 +1,179 @@
+"""``manage.py job_runs [RUN_ID]``: the runs, newest first, or one run in full -- the operator's command line."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.core.management.base import CommandError, CommandParser
+from django.db import DatabaseError
+from django.utils import timezone
+from django.utils.timesince import timesince
+
+from django_jobruns.drive import UNREGISTERED_WARNING
+from django_jobruns.management.scheduled import ScheduledCommand
+from django_jobruns.models import JobAttempt, JobRun, JobStep, Status
+from django_jobruns.records import JobRunRecord, list_limit
+
+from .run_due_jobs import first_line
+
+STATES = ("backoff", "leased", "lapsed", "paused", "unregistered")
+
+
+class Command(ScheduledCommand):
+    help = (
+        "List runs, newest first (status, job [instance], age, progress, the error's first line), or show one "
+        "run in full: every field decoded, its step ledger and its lineage."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("run_id", nargs="?", metavar="RUN_ID", help="show this run in full")
+        parser.add_argument("--status", choices=Status.values, help="only runs with this status")
+        parser.add_argument("--job", metavar="APP.NAME", help="only runs of this job")
+        parser.add_argument("--instance", help="only runs of this instance")
+        parser.add_argument(
+            "--state",
+            choices=STATES,
+            help="only running runs in this state: backing off, leased, with a lapsed lease, paused, or whose "
+            "job a drive found not registered",
+        )
+        parser.add_argument("--limit", type=int, default=50, help="at most this many runs (1-500, default 50)")
+        parser.add_argument("--json", action="store_true", help="print JSON")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            if options["run_id"]:
+                self.show(options["run_id"], as_json=options["json"])
+            else:
+                self.list(options)
+        except DatabaseError as exc:
+            raise CommandError(f"cannot reach the database: {first_line(exc)}") from None
+
+    # -- the list ----------------------------------------------------------------
+
+    def list(self, options: dict[str, Any]) -> None:
+        rows = JobRun.objects.all()
+        if options["status"]:
+            rows = rows.filter(status=options["status"])
+        if options["job"]:
+            module, dot, name = options["job"].partition(".")
+            if not dot or not module or not name:
+                raise CommandError(f"--job {options['job']!r}: write it as 'app_label.job_name'")
+            rows = rows.filter(module=module, job=name)
+        if options["instance"]:
+            rows = rows.filter(instance=options["instance"])
+        if options["state"]:
+            rows = _in_state(rows, options["state"])
+        found = list(rows.order_by("-id")[: list_limit(options["limit"])])
+        records = [JobRunRecord.from_row(row) for row in found]
+        if options["json"]:
+            self.stdout.write(
+                json.dumps(
+                    [
+                        {**_plain(r.__dict__), "paused_at": _plain(row.paused_at)}
+                        for r, row in zip(records, found, strict=True)
+                    ]
+                )
+            )
+            return
+        if not records:
+            self.stdout.write("no runs")
+            return
+        now = timezone.now()
+        for record, row in zip(records, found, strict=True):
+            progress = " ".join(f"{name}={value}" for name, value in sorted(record.counters.items())) or "-"
+            error = (record.last_error or "").splitlines()[0][:100] if record.last_error else ""
+            paused = " (paused)" if record.status == Status.RUNNING and row.paused_at is not None else ""
+            self.stdout.write(
+                f"{record.id}  {record.status}{paused:<9} {record.module}.{record.job} [{record.instance}]  "
+                f"{_age(record.started_at, now)}  {progress}" + (f"  {error}" if error else "")
+            )
+
+    # -- one run -----------------------------------------------------------------
+
+    def show(self, run_id: str, *, as_json: bool) -> None:
+        row = JobRun.objects.filter(pk=run_id.strip().upper()).first()
+        if row is None:
+            raise CommandError(f"no run has the id {run_id!r}")
+        record = _plain(JobRunRecord.from_row(row).__dict__)
+        record["paused_at"] = _plain(row.paused_at)
+        ledger = [
+            {
+                "step": step.step,
+                "completed": step.result is not None,
+                "result": _decoded(step.result),
+                "attempts": step.attempts,
+                "last_error": step.last_error,
+                "recorded_at": _plain(step.recorded_at),
+            }
+            for step in JobStep.objects.filter(run_id=row.id).order_by("recorded_at", "id")
+        ]
+        restarts = list(JobRun.objects.filter(restarted_from_id=row.id).order_by("id").values_list("id", flat=True))
+        attempts = [
+            {
+                "number": a.number,
+                "holder": a.holder,
+                "started_at": _plain(a.started_at),
+                "ended_at": _plain(a.ended_at),
+                "error": a.error_class,
+            }
+            for a in JobAttempt.objects.filter(run_id=row.id).order_by("number", "id")
+        ]
+        if as_json:
+            self.stdout.write(json.dumps({**record, "ledger": ledger, "restarts": restarts, "attempts": attempts}))
+            return
+        for name, value in record.items():
+            if value is None or value == {}:
+                continue
+            shown = json.dumps(value, indent=2, sort_keys=True) if isinstance(value, (dict, list)) else value
+            self.stdout.write(f"{name}: {shown}")
+        self.stdout.write(f"restarted as: {', '.join(restarts) or record.get('restarted_as') or '-'}")
+        self.stdout.write(f"step ledger: {len(ledger) or 'empty'}")
+        for step in ledger:
+            state = "completed" if step["completed"] else f"not completed ({step['attempts']} attempt(s))"
+            self.stdout.write(
+                f"  {step['step']}: {state}" + (f" -> {json.dumps(step['result'])}" if step["completed"] else "")
+            )
+        for attempt in attempts:
+            self.stdout.write(
+                f"attempt {attempt['number']}: {attempt['holder']} {attempt['started_at']} -> "
+                f"{attempt['ended_at'] or 'stopped reporting'}" + (f" {attempt['error']}" if attempt["error"] else "")
+            )
+
+
+def _in_state(rows: Any, state: str) -> Any:
+    now = timezone.now()
+    running = rows.filter(status=Status.RUNNING)
+    if state == "backoff":
+        return running.filter(next_attempt_at__gt=now)
+    if state == "leased":
+        return running.filter(lease_holder__isnull=False, lease_expires_at__gt=now)
+    if state == "lapsed":
+        return running.filter(lease_holder__isnull=False, lease_expires_at__lte=now)
+    if state == "paused":
+        return running.filter(paused_at__isnull=False)
+    return running.filter(last_warning__startswith=UNREGISTERED_WARNING)
+
+
+def _age(started: datetime, now: datetime) -> str:
+    if now - started < timedelta(minutes=1):
+        return "just now"
+    return f"{timesince(started, now, depth=1)} ago"
+
+
+def _decoded(text: str | None) -> Any:
+    try:
+        return json.loads(text) if text is not None else None
+    except (TypeError, ValueError):
+        return text
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    return value
