@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -68,8 +69,9 @@ def start(root: Path, instance: str) -> str:
     return out.split()[2] if out.startswith("started run") else out.split()[-1]
 
 
-def status(root: Path, instance: str) -> dict:
+def status(root: Path, instance: str) -> dict[str, Any]:
     (record,) = json.loads(manage(root, "job_runs", "--instance", instance, "--json"))
+    assert isinstance(record, dict)
     return record
 
 
