@@ -140,3 +140,45 @@ def job_runs(
             raise ValueError(f"status must be one of {', '.join(Status.values)}; got {status!r}")
         rows = rows.filter(status=status)
     return [JobRunRecord.from_row(row) for row in rows.order_by("-id")[: list_limit(limit)]]
+
+
+#: The states an operator looks for among the running runs (the admin's filter, ``job_runs --state``).
+STATES = {
+    "backoff": "in backoff",
+    "leased": "leased",
+    "lapsed": "lease lapsed",
+    "paused": "paused",
+    "unregistered": "job not registered here",
+}
+
+
+def in_state(rows: Any, state: str, now: datetime | None = None) -> Any:
+    """The running runs of ``rows`` in ``state`` (one of :data:`STATES`).
+
+    ``unregistered``: no job of this process is registered for them (the
+    registry decides), or a drive marked them so (another process's registry).
+    """
+    from django.db.models import Q
+    from django.utils import timezone
+
+    from .registry import registered_jobs
+
+    if state not in STATES:
+        raise ValueError(f"state must be one of {', '.join(STATES)}; got {state!r}")
+    now = now or timezone.now()
+    running = rows.filter(status=Status.RUNNING)
+    if state == "backoff":
+        return running.filter(next_attempt_at__gt=now)
+    if state == "leased":
+        return running.filter(lease_holder__isnull=False, lease_expires_at__gt=now)
+    if state == "lapsed":
+        return running.filter(lease_holder__isnull=False, lease_expires_at__lte=now)
+    if state == "paused":
+        return running.filter(paused_at__isnull=False)
+    known = Q()
+    for entry in registered_jobs():
+        known |= Q(module=entry.module, job=entry.name)
+    from .drive import UNREGISTERED_WARNING
+
+    marked = Q(last_warning__startswith=UNREGISTERED_WARNING)
+    return running.filter(~known | marked) if known else running

@@ -34,12 +34,26 @@ _ULID = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}")
 __all__ = ["EstimatedCountPaginator", "JobRunAdmin", "STEERING", "steering_verbs"]
 
 
-class JobStepInline(_InlineBase):
-    model = JobStep
+class _ReadOnlyInline(_InlineBase):
+    """Rows shown under a run, never edited here."""
+
     extra = 0
     max_num = 0
     can_delete = False
     show_change_link = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class JobStepInline(_ReadOnlyInline):
+    model = JobStep
     fields = ("step", "completed", "result_display", "attempts", "last_error", "recorded_at")
     readonly_fields = fields
     ordering = ("recorded_at", "id")
@@ -53,24 +67,11 @@ class JobStepInline(_InlineBase):
     def result_display(self, obj: JobStep) -> SafeString:
         return pretty(obj.result, empty="(not completed)")
 
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
-class JobAttemptInline(admin.TabularInline):  # type: ignore[type-arg]
+class JobAttemptInline(_ReadOnlyInline):
     """A task run's attempts: who worked it, when, and the task's own error and traceback."""
 
-    model = JobAttempt
-    extra = 0
-    max_num = 0
-    can_delete = False
-    show_change_link = False
+    model = JobAttempt  # type: ignore[assignment]
     fields = ("number", "holder", "started_at", "ended_at", "error")
     readonly_fields = fields
     ordering = ("number",)
@@ -85,15 +86,6 @@ class JobAttemptInline(admin.TabularInline):  # type: ignore[type-arg]
             obj.error_class,
             obj.traceback or "",
         )
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(JobRun)

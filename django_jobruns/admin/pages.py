@@ -8,12 +8,12 @@ from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
 from django.core.paginator import Paginator
 from django.db import connections
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 from django.http import HttpRequest
-from django.utils import timezone
 from django.utils.functional import cached_property
 
 from ..models import JobRun, Status
+from ..records import STATES, in_state
 from ..registry import registered_jobs
 from ..store import estimates
 
@@ -152,29 +152,9 @@ class StateFilter(admin.SimpleListFilter):
     parameter_name = "state"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [
-            ("backoff", "in backoff"),
-            ("leased", "leased"),
-            ("lapsed", "lease lapsed"),
-            ("paused", "paused"),
-            ("unregistered", "job not registered here"),
-        ]
+        return list(STATES.items())
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> QuerySet[JobRun]:
-        now = timezone.now()
-        running = queryset.filter(status=Status.RUNNING)
         value = self.value()
-        if value == "backoff":
-            return running.filter(next_attempt_at__gt=now)
-        if value == "leased":
-            return running.filter(lease_holder__isnull=False, lease_expires_at__gt=now)
-        if value == "lapsed":
-            return running.filter(lease_holder__isnull=False, lease_expires_at__lte=now)
-        if value == "paused":
-            return running.filter(paused_at__isnull=False)
-        if value == "unregistered":
-            known = Q()
-            for entry in registered_jobs():
-                known |= Q(module=entry.module, job=entry.name)
-            return running.exclude(known) if known else running
-        return queryset
+        result: QuerySet[JobRun] = in_state(queryset, value) if value in STATES else queryset
+        return result

@@ -11,14 +11,11 @@ from django.db import DatabaseError
 from django.utils import timezone
 from django.utils.timesince import timesince
 
-from django_jobruns.drive import UNREGISTERED_WARNING
 from django_jobruns.management.scheduled import ScheduledCommand
 from django_jobruns.models import JobAttempt, JobRun, JobStep, Status
-from django_jobruns.records import JobRunRecord, list_limit
+from django_jobruns.records import STATES, JobRunRecord, in_state, list_limit
 
 from .run_due_jobs import first_line
-
-STATES = ("backoff", "leased", "lapsed", "paused", "unregistered")
 
 
 class Command(ScheduledCommand):
@@ -34,7 +31,7 @@ class Command(ScheduledCommand):
         parser.add_argument("--instance", help="only runs of this instance")
         parser.add_argument(
             "--state",
-            choices=STATES,
+            choices=list(STATES),
             help="only running runs in this state: backing off, leased, with a lapsed lease, paused, or whose "
             "job a drive found not registered",
         )
@@ -64,7 +61,7 @@ class Command(ScheduledCommand):
         if options["instance"]:
             rows = rows.filter(instance=options["instance"])
         if options["state"]:
-            rows = _in_state(rows, options["state"])
+            rows = in_state(rows, options["state"])
         found = list(rows.order_by("-id")[: list_limit(options["limit"])])
         records = [JobRunRecord.from_row(row) for row in found]
         if options["json"]:
@@ -140,20 +137,6 @@ class Command(ScheduledCommand):
                 f"attempt {attempt['number']}: {attempt['holder']} {attempt['started_at']} -> "
                 f"{attempt['ended_at'] or 'stopped reporting'}" + (f" {attempt['error']}" if attempt["error"] else "")
             )
-
-
-def _in_state(rows: Any, state: str) -> Any:
-    now = timezone.now()
-    running = rows.filter(status=Status.RUNNING)
-    if state == "backoff":
-        return running.filter(next_attempt_at__gt=now)
-    if state == "leased":
-        return running.filter(lease_holder__isnull=False, lease_expires_at__gt=now)
-    if state == "lapsed":
-        return running.filter(lease_holder__isnull=False, lease_expires_at__lte=now)
-    if state == "paused":
-        return running.filter(paused_at__isnull=False)
-    return running.filter(last_warning__startswith=UNREGISTERED_WARNING)
 
 
 def _age(started: datetime, now: datetime) -> str:
