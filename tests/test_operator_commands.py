@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from io import StringIO
 
 import pytest
@@ -121,3 +122,64 @@ def test_a_steering_refusal_names_the_run_once():
         call_command("cancel_job_run", run.id, stdout=StringIO(), stderr=err)
     line = err.getvalue().strip()
     assert line.count(run.id) == 1 and "only a live run can be cancelled" in line, line
+
+
+def health(*args: str) -> tuple[int, str, str]:
+    out, err = StringIO(), StringIO()
+    try:
+        call_command("job_runs", "--health", *args, stdout=out, stderr=err)
+        code = 0
+    except CommandError as exc:
+        err.write(str(exc))
+        code = 1
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_health_is_quiet_and_zero_on_a_healthy_queue():
+    start_job_run("tests.walk", instance="fresh", payload={"log": "/dev/null"})
+    code, out, err = health("--max-lag", "60")
+    assert code == 0 and out.startswith("healthy: 1 running, 1 due"), (out, err)
+
+
+def test_health_fails_when_the_oldest_due_run_waited_past_the_lag():
+    run, _ = start_job_run("tests.walk", instance="stuck", payload={"log": "/dev/null"})
+    JobRun.objects.filter(pk=run.pk).update(started_at=timezone.now() - timedelta(minutes=10))
+    code, out, err = health("--max-lag", "60")
+    assert code == 1 and f"the oldest due run ({run.id}) has waited" in err, err
+    report = json.loads(health("--max-lag", "60", "--json")[1])
+    assert report["healthy"] is False and report["oldest_due_run"] == run.id
+    assert report["oldest_due_wait_seconds"] > 590
+    assert health("--max-lag", "3600")[0] == 0
+
+
+def test_health_fails_when_a_lapsed_lease_was_never_taken_over():
+    run, _ = start_job_run("tests.walk", instance="orphaned", payload={"log": "/dev/null"})
+    JobRun.objects.filter(pk=run.pk).update(
+        lease_holder="gone:1:x", lease_fence=1, lease_expires_at=timezone.now() - timedelta(minutes=10)
+    )
+    code, out, err = health("--max-lag", "60")
+    assert code == 1 and "lease that lapsed over 60 s ago and no drive took them over" in err and run.id in err
+
+
+@pytest.mark.django_db(transaction=True)
+def test_health_fails_when_the_database_cannot_be_reached():
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "DATABASE_URL": "postgres://nobody@127.0.0.1:9/nowhere",
+    }
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "job_runs", "--health", "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1 and "cannot reach the database" in done.stderr, done.stderr
+    assert json.loads(done.stdout)["healthy"] is False

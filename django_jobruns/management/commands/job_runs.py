@@ -8,9 +8,11 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 from django.db import DatabaseError
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django.utils.timesince import timesince
 
+from django_jobruns import db
 from django_jobruns.management.scheduled import ScheduledCommand
 from django_jobruns.models import JobAttempt, JobRun, JobStep, Status
 from django_jobruns.records import STATES, JobRunRecord, in_state, list_limit
@@ -37,8 +39,25 @@ class Command(ScheduledCommand):
         )
         parser.add_argument("--limit", type=int, default=50, help="at most this many runs (1-500, default 50)")
         parser.add_argument("--json", action="store_true", help="print JSON")
+        parser.add_argument(
+            "--health",
+            action="store_true",
+            help="check the queue instead of listing: exit non-zero, saying why, when the oldest due run has "
+            "waited longer than --max-lag, when a lease lapsed longer ago than that and no drive took the run "
+            "over, or when the database cannot be reached (for a liveness probe or a cron monitor)",
+        )
+        parser.add_argument(
+            "--max-lag",
+            type=float,
+            default=300.0,
+            metavar="SECONDS",
+            help="with --health: the longest a due run may wait, and a lapsed lease stay untaken (default 300)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["health"]:
+            self.health(options["max_lag"], as_json=options["json"])
+            return
         try:
             if options["run_id"]:
                 self.show(options["run_id"], as_json=options["json"])
@@ -86,6 +105,61 @@ class Command(ScheduledCommand):
                 f"{record.id}  {record.status}{paused:<9} {record.module}.{record.job} [{record.instance}]  "
                 f"{_age(record.started_at, now)}  {progress}" + (f"  {error}" if error else "")
             )
+
+    # -- health ------------------------------------------------------------------
+
+    def health(self, max_lag: float, *, as_json: bool) -> None:
+        if not max_lag > 0:
+            raise CommandError(f"--max-lag must be a positive number of seconds, got {max_lag}")
+        try:
+            now = db.now()
+            due = JobRun.objects.due(now)
+            oldest = due.order_by(Coalesce("next_attempt_at", "started_at"), "id").values_list(
+                "id", Coalesce("next_attempt_at", "started_at")
+            )[:1]
+            lag_cutoff = now - timedelta(seconds=max_lag)
+            lapsed = JobRun.objects.filter(
+                status=Status.RUNNING, lease_holder__isnull=False, lease_expires_at__lt=lag_cutoff
+            )
+            lapsed_count = lapsed.count()
+            first = list(oldest)
+            counts = {"due": due.count(), "running": JobRun.objects.filter(status=Status.RUNNING).count()}
+        except DatabaseError as exc:
+            problem = f"cannot reach the database: {first_line(exc)}"
+            if as_json:
+                self.stdout.write(json.dumps({"healthy": False, "problems": [problem]}))
+            raise CommandError(problem) from None
+        wait = _seconds(first[0][1], now) if first else 0.0
+        problems = []
+        if first and wait > max_lag:
+            problems.append(
+                f"the oldest due run ({first[0][0]}) has waited {wait:.0f} s, over {max_lag:g} s: no drive is "
+                "taking runs (is run_due_jobs scheduled, and its jobs registered?)"
+            )
+        if lapsed_count:
+            problems.append(
+                f"{lapsed_count} run(s) have a lease that lapsed over {max_lag:g} s ago and no drive took them "
+                "over (e.g. run " + str(lapsed.values_list("id", flat=True).first()) + ")"
+            )
+        report = {
+            "healthy": not problems,
+            "problems": problems,
+            "oldest_due_wait_seconds": round(wait, 3),
+            "oldest_due_run": first[0][0] if first else None,
+            "lapsed_untaken": lapsed_count,
+            **counts,
+            "max_lag_seconds": max_lag,
+        }
+        if as_json:
+            self.stdout.write(json.dumps(report))
+        elif not problems:
+            self.stdout.write(
+                f"healthy: {counts['running']} running, {counts['due']} due, the oldest due waited {wait:.0f} s"
+            )
+        if problems:
+            for problem in problems:
+                self.stderr.write(f"unhealthy: {problem}")
+            raise CommandError(f"unhealthy: {len(problems)} problem(s)")
 
     # -- one run -----------------------------------------------------------------
 
@@ -137,6 +211,10 @@ class Command(ScheduledCommand):
                 f"attempt {attempt['number']}: {attempt['holder']} {attempt['started_at']} -> "
                 f"{attempt['ended_at'] or 'stopped reporting'}" + (f" {attempt['error']}" if attempt["error"] else "")
             )
+
+
+def _seconds(since: Any, now: datetime) -> float:
+    return max(0.0, (now - since).total_seconds()) if since is not None else 0.0
 
 
 def _age(started: datetime, now: datetime) -> str:
