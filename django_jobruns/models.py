@@ -151,7 +151,8 @@ class JobRun(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.module}.{self.job}[{self.instance}] {self.id} ({self.status})"
+        state = "paused" if self.status == Status.RUNNING and self.paused_at is not None else self.status
+        return f"{self.module}.{self.job}[{self.instance}] {self.id} ({state})"
 
     @property
     def is_task(self) -> bool:

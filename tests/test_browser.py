@@ -163,10 +163,15 @@ def test_operator_pauses_unpauses_and_cancels_a_running_run(browser, live_server
     success_says(browser, f"Unpaused run {running.pk}")
     assert JobRun.objects.get(pk=running.pk).paused_at is None
 
-    browser.find_element(By.ID, "jobruns-cancel").click()
+    browser.find_element(By.ID, "jobruns-cancel").click()  # final: a page of its own asks first
+    assert f"Cancel run {running.pk}?" in browser.title
+    assert JobRun.objects.get(pk=running.pk).status == Status.RUNNING
+    browser.save_screenshot(str(screenshots / "cancel-confirmation.png"))
+    browser.find_element(By.ID, "jobruns-reason").send_keys("supplier asked us to stop")
+    browser.find_element(By.ID, "jobruns-confirm-cancel").click()
     success_says(browser, f"Cancelled run {running.pk}")
     cancelled = JobRun.objects.get(pk=running.pk)
-    assert cancelled.status == Status.CANCELLED and "admin" in cancelled.last_error
+    assert cancelled.status == Status.CANCELLED and "supplier asked us to stop" in cancelled.last_error
     assert not browser.find_elements(By.ID, "jobruns-cancel"), "a finished run offers no steering"
 
 

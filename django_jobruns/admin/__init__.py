@@ -19,14 +19,23 @@ from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
-from django.utils.timesince import timesince, timeuntil
 from rangefilter.filters import DateRangeFilterBuilder
 
 from .. import search
 from ..drive import UNREGISTERED_WARNING
 from ..models import JobAttempt, JobRun, JobStep, Status
 from .actions import STEERING, RunActions, _InlineBase, steering_verbs
-from .display import change_url, compact_time, exact_time, pretty, progress_html
+from .display import (
+    ago,
+    breakable,
+    change_url,
+    compact_time,
+    exact_time,
+    pretty,
+    progress_html,
+    within,
+    without_carets,
+)
 from .pages import EstimatedCountPaginator, JobFilter, JobRunChangeList, PriorityFilter, QueueFilter, StateFilter
 
 _ULID = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}")
@@ -84,7 +93,7 @@ class JobAttemptInline(_ReadOnlyInline):
         return format_html(
             '<details><summary>{}</summary><pre class="jobruns-error">{}</pre></details>',
             obj.error_class,
-            obj.traceback or "",
+            without_carets(obj.traceback or ""),
         )
 
 
@@ -116,6 +125,8 @@ class JobRunAdmin(RunActions):
     search_help_text = "Instance or error text contains the term; or the exact run id."
     ordering = ("-id",)
     list_per_page = 50
+    # One dash for every empty value, Django's own fields and the app's columns alike.
+    empty_value_display = "—"
     # A COUNT(*) over the whole table on every page view costs what the table
     # retains: no second count for "N total", and an estimate for the first
     # page of a large unfiltered list (PostgreSQL).
@@ -131,7 +142,10 @@ class JobRunAdmin(RunActions):
         "retry_now_selected",
     ]
     fieldsets = (
-        (None, {"fields": ("id", "key", "status_badge", "progress", "started_at", "updated_at", "ended_at")}),
+        (
+            None,
+            {"fields": ("id", "key", "status_badge", "progress", "started_at", "updated_at", "paused_at", "ended_at")},
+        ),
         ("Retry", {"fields": ("attempts", "next_attempt_at", "last_error_display", "last_warning")}),
         ("Data", {"fields": ("payload_display", "cursor_display", "counters_display")}),
         ("Lease", {"fields": ("lease_holder", "lease_state", "lease_expires_at", "lease_fence")}),
@@ -144,6 +158,7 @@ class JobRunAdmin(RunActions):
         "progress",
         "started_at",
         "updated_at",
+        "paused_at",
         "ended_at",
         "attempts",
         "next_attempt_at",
@@ -222,10 +237,10 @@ class JobRunAdmin(RunActions):
     # -- columns ---------------------------------------------------------------
 
     @admin.display(description="job [instance]", ordering="module")
-    def key(self, obj: JobRun) -> str:
+    def key(self, obj: JobRun) -> SafeString:
         if obj.is_task:
-            return f"task {obj.task_path or '?'} [queue {obj.queue_name}, priority {obj.priority}]"
-        return f"{obj.module}.{obj.job} [{obj.instance}]"
+            return breakable(f"task {obj.task_path or '?'} [queue {obj.queue_name}, priority {obj.priority}]")
+        return breakable(f"{obj.module}.{obj.job} [{obj.instance}]")
 
     @admin.display(description="task")
     def task_name(self, obj: JobRun) -> str:
@@ -268,16 +283,16 @@ class JobRunAdmin(RunActions):
         if obj.lease_expires_at <= now:
             return format_html(
                 '<span class="jobruns-lease-lapsed" title="lapsed at {}; the next drive takes the run over and counts '
-                'that pass as a failed attempt">lapsed {} ago — its holder {} stopped reporting</span>',
+                'that pass as a failed attempt">lapsed {} — its holder {} stopped reporting</span>',
                 obj.lease_expires_at,
-                timesince(obj.lease_expires_at, now, depth=1),
+                ago(obj.lease_expires_at, now),
                 obj.lease_holder,
             )
         return format_html(
-            '<span class="jobruns-lease-held" title="until {}">held by {}, expires in {}</span>',
+            '<span class="jobruns-lease-held" title="until {}">held by {}, expires {}</span>',
             obj.lease_expires_at,
             obj.lease_holder,
-            timeuntil(obj.lease_expires_at, now, depth=1),
+            within(obj.lease_expires_at, now),
         )
 
     @admin.display(description="attempts", ordering="attempts")
@@ -287,9 +302,9 @@ class JobRunAdmin(RunActions):
             return format_html("{}", obj.attempts)
         now = timezone.now()
         when = (
-            f"next in {timeuntil(obj.next_attempt_at, now, depth=1)}"
+            f"next {within(obj.next_attempt_at, now)}"
             if obj.next_attempt_at > now
-            else f"next due {timesince(obj.next_attempt_at, now, depth=1)} ago"
+            else f"next due {ago(obj.next_attempt_at, now)}"
         )
         return format_html(
             '{}<br><span class="jobruns-next" title="{}">{}</span>', obj.attempts, exact_time(obj.next_attempt_at), when
@@ -328,7 +343,7 @@ class JobRunAdmin(RunActions):
     def last_error_display(self, obj: JobRun) -> SafeString:
         if not obj.last_error:
             return format_html("{}", "—")
-        return format_html('<pre class="jobruns-error">{}</pre>', obj.last_error)
+        return format_html('<pre class="jobruns-error">{}</pre>', without_carets(obj.last_error))
 
     @admin.display(description="restarted from")
     def restarted_from_link(self, obj: JobRun) -> SafeString:

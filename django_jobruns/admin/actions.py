@@ -14,6 +14,7 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
 from django.urls import path
 from django.utils import timezone
 from django.utils.html import format_html
@@ -70,9 +71,11 @@ class RunActions(_AdminBase):
     def get_urls(self) -> list[Any]:
         restart = self.admin_site.admin_view(require_POST(self.restart_view))
         steer = self.admin_site.admin_view(require_POST(self.steer_view))
+        cancel = self.admin_site.admin_view(self.cancel_view)
         return [
             path("<path:object_id>/restart/", restart, name="django_jobruns_jobrun_restart"),
             path("<path:object_id>/steer/", steer, name="django_jobruns_jobrun_steer"),
+            path("<path:object_id>/cancel/", cancel, name="django_jobruns_jobrun_cancel"),
             *super().get_urls(),
         ]
 
@@ -85,7 +88,9 @@ class RunActions(_AdminBase):
             and obj.restarted_as is None
         )
         verbs = steering_verbs(obj, timezone.now()) if obj is not None and self.has_steer_permission(request) else []
-        context["steering"] = [(verb, STEERING[verb][0]) for verb in verbs]
+        # Cancel is final: it is a link to a page of its own that asks, set apart from the others.
+        context["steering"] = [(verb, STEERING[verb][0]) for verb in verbs if verb != "cancel"]
+        context["can_cancel"] = "cancel" in verbs
         return super().render_change_form(request, context, *args, **kwargs)
 
     def _run_permitted(self, request: HttpRequest, object_id: str, permitted: bool) -> JobRun:
@@ -107,6 +112,26 @@ class RunActions(_AdminBase):
         else:
             self._steer(request, run, verb, reason=request.POST.get("reason", "")[:1000])
         return HttpResponseRedirect(change_url(run.pk))
+
+    def cancel_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """Cancel asks first, on a page of its own: it is final (the run ends; a new start makes a new run)."""
+        run = self._run_permitted(request, object_id, self.has_steer_permission(request))
+        if request.method == "POST":
+            self._steer(request, run, "cancel", reason=request.POST.get("reason", "")[:1000])
+            return HttpResponseRedirect(change_url(run.pk))
+        if "cancel" not in steering_verbs(run, timezone.now()):
+            self.message_user(
+                request, f"run {run.pk} is {run.status}; only a live run can be cancelled", messages.ERROR
+            )
+            return HttpResponseRedirect(change_url(run.pk))
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": f"Cancel run {run.pk}?",
+            "run": run,
+            "change_url": change_url(run.pk),
+        }
+        return TemplateResponse(request, "admin/django_jobruns/jobrun/cancel_confirmation.html", context)
 
     def _steer(self, request: HttpRequest, run: JobRun, verb: str, *, reason: str = "") -> bool:
         label, done, act = STEERING[verb]

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.html import format_html
-from django.utils.safestring import SafeString
+from django.utils.html import conditional_escape, format_html
+from django.utils.safestring import SafeString, mark_safe
+from django.utils.timesince import timesince, timeuntil
 
 #: Characters of one stored value the change view shows at most; a note says what was cut.
 SHOW_MAX = 20_000
@@ -76,6 +78,35 @@ def compact_time(moment: datetime.datetime) -> SafeString:
     if local.year != timezone.localdate().year:
         shown = local.strftime("%Y-%m-%d %H:%M")
     return format_html('<time datetime="{}" title="{}">{}</time>', moment.isoformat(), exact_time(moment), shown)
+
+
+def breakable(text: str) -> SafeString:
+    """``text`` escaped, with a break opportunity after each ``.``, ``_``, ``/`` and ``-``: a long job name
+    wraps between its words (``demo.import_<wbr>catalog``), never inside one."""
+    return mark_safe(re.sub(r"([._/-])", r"\1<wbr>", str(conditional_escape(text))))  # noqa: S308 (escaped first)
+
+
+#: Python's traceback markers under the failing expression (``^^^^^``, ``~~~^^^``): long, and no help here.
+_CARETS = re.compile(r"^[ \t]*[~^]+[ \t]*$\n?", re.M)
+
+
+def without_carets(text: str) -> str:
+    """A stored traceback without its caret lines, which can run wider than the page."""
+    return _CARETS.sub("", text)
+
+
+def ago(moment: datetime.datetime, now: datetime.datetime) -> str:
+    """``"3 minutes ago"``; under a minute ``"just now"`` (never "0 minutes ago")."""
+    if (now - moment).total_seconds() < 60:
+        return "just now"
+    return f"{timesince(moment, now, depth=1)} ago"
+
+
+def within(moment: datetime.datetime, now: datetime.datetime) -> str:
+    """``"in 3 minutes"``; under a minute ``"in under a minute"``."""
+    if (moment - now).total_seconds() < 60:
+        return "in under a minute"
+    return f"in {timeuntil(moment, now, depth=1)}"
 
 
 def change_url(run_id: str) -> str:
