@@ -24,8 +24,8 @@ class Command(BaseCommand):
         parser.add_argument("--page-size", type=int, default=500)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        # Each drive's errors are printed below; the log would say them twice.
-        logging.getLogger("django_jobruns").setLevel(logging.ERROR)
+        # Each drive's errors and warnings are printed below; the log would say them twice.
+        logging.getLogger("django_jobruns").setLevel(logging.CRITICAL)
         # The same story every time: the fake upstream starts without its outages
         # and its imported products (earlier demo runs stay, as the record).
         Outage.objects.all().delete()
