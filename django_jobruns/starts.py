@@ -74,6 +74,20 @@ def _start_or_join(
     raise JobRunsError(f"could not start {key}: the key kept changing")
 
 
+#: Live runs this process has warned about a start with another payload joining them: once each.
+_warned_mismatch: dict[str, None] = {}
+
+
+def _first_mismatch(run_id: str) -> bool:
+    """Whether this is the first start with a differing payload to join ``run_id`` here (a bounded memory)."""
+    if run_id in _warned_mismatch:
+        return False
+    if len(_warned_mismatch) >= 10_000:
+        _warned_mismatch.pop(next(iter(_warned_mismatch)))
+    _warned_mismatch[run_id] = None
+    return True
+
+
 def start_job_run(job: Job | str, *, instance: str = "default", payload: Any = None) -> tuple[JobRun, bool]:
     """Start a run, or join the live one for the key.
 
@@ -94,7 +108,7 @@ def start_job_run(job: Job | str, *, instance: str = "default", payload: Any = N
     run, created = _start_or_join(build)
     if created:
         notify_due()
-    elif run.payload != text:
+    elif run.payload != text and _first_mismatch(run.id):
         logger.warning(
             "start of %s.%s [%s] joined live run %s, whose payload differs from the one given; the live run "
             "keeps its own (cancel it first to start with the new one)",

@@ -465,3 +465,22 @@ def test_a_run_that_ends_failed_is_logged_as_an_error_a_retry_as_a_warning(behav
             run_due_jobs(now=clock)
     levels = [r.levelname for r in caplog.records if "upstream gone" in r.getMessage()]
     assert levels and levels[-1] == "ERROR" and set(levels[:-1]) <= {"WARNING"}, levels
+
+
+@pytest.mark.django_db
+def test_prune_json_has_the_same_keys_on_a_dry_run():
+    _finished("old", Status.DONE, 10)
+    dry = json.loads(call("prune_job_runs", "--older-than", "7", "--json", "--dry-run"))
+    real = json.loads(call("prune_job_runs", "--older-than", "7", "--json"))
+    assert set(dry) == set(real) and dry["dry_run"] is True and dry["deleted"] == real["deleted"] == 1
+
+
+@pytest.mark.django_db
+def test_a_join_with_another_payload_warns_once(caplog):
+    run, _ = start_job_run("tests.walk", instance="joined", payload={"log": "/dev/null", "v": 1})
+    with caplog.at_level("WARNING", logger="django_jobruns"):
+        for v in (2, 3, 2):
+            joined, created = start_job_run("tests.walk", instance="joined", payload={"log": "/dev/null", "v": v})
+            assert joined.pk == run.pk and not created
+    said = [r for r in caplog.records if "payload differs" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in said]
