@@ -66,7 +66,8 @@ def _connect_direct(url: str) -> Any:
         return conn
     import psycopg
 
-    return psycopg.connect(url, autocommit=True)
+    # Its own name: the harness ends the workers' connections by theirs, not this witness's.
+    return psycopg.connect(url, autocommit=True, application_name="torture-effects")
 
 
 @job(retry=RetryPolicy(max_attempts=1000, base_delay=0, jitter=0))
