@@ -295,8 +295,10 @@ class Harness:
         self.pending_between: list[tuple[dict[str, Any], str | None]] = []
         self.between_stalls = 0
         self.stalled_runs: list[tuple[str, Any]] = []  # (run id, the server's time as its holder stopped)
-        # Runs to try locking once their lease and the statement bound have passed.
-        self.to_probe: list[tuple[str, float]] = []
+        # The stalled holders' sessions (MariaDB's thread ids), to look at
+        # again once the lease has passed: is a transaction of theirs still open?
+        self.to_probe: list[tuple[list[int], float]] = []
+        self.probed = 0
         self.frozen = 0
         self.outlived_sigterm = 0
         self.second_signals = 0
@@ -505,7 +507,7 @@ class Harness:
             self.wanted_since = time.monotonic()
 
     def land_between_stalls(self) -> None:
-        """Stop each worker whose second statement of a fenced write is held; note the server's time."""
+        """Stop each worker whose second statement of a fenced write is held; note its sessions."""
         from django.db import connection
 
         while self.pending_between:
@@ -517,31 +519,53 @@ class Harness:
             self.stopped[proc] = time.monotonic() + self.hold_past_lease()
             self.ever_stopped.add(proc)
             self.between_stalls += 1
+            # The stopped worker's sessions reach the server from its
+            # forwarder's upstream sockets (the process list is read live).
+            forwarder = self.forwarders.get(proc)
+            ports = [str(s.getsockname()[1]) for s in forwarder.sockets[1::2]] if forwarder else ["0"]
+            marks = ", ".join(["%s"] * len(ports))
             with connection.cursor() as cur:
                 cur.execute("SELECT UTC_TIMESTAMP(6)")
                 (at,) = cur.fetchone()
+                cur.execute(
+                    f"SELECT ID FROM information_schema.PROCESSLIST WHERE SUBSTRING_INDEX(HOST, ':', -1) IN ({marks})",
+                    ports,
+                )
+                sessions = [row[0] for row in cur.fetchall()]
             if run_id is not None:
                 self.stalled_runs.append((run_id, at))
-                self.to_probe.append((run_id, time.monotonic() + self.args.lease_ttl * 1.5 + 0.5))
+            if sessions:
+                # Probed while the holder is still stopped and its statement held.
+                self.to_probe.append((sessions, time.monotonic() + self.args.lease_ttl + 0.6))
 
-    def probe_frozen(self) -> None:
-        """Is a stalled holder's run free to take by now (its lease and the bound past)? Its row, NOWAIT."""
-        import MySQLdb
+    def probe_frozen(self, *, every: bool = False) -> None:
+        """Once a lease has passed, the holder still stopped: is a transaction of its sessions still open?
 
-        due = [entry for entry in self.to_probe if time.monotonic() >= entry[1]]
+        Asked of the stalled worker's own sessions, not of the run's row: by
+        then another worker may hold that row for a moment of its own (a
+        takeover's claim), or be stopped or cut off inside its own fenced write.
+        InnoDB's transaction table is a cache refreshed when it was not read for
+        0.1 s, so the due probes are read at once, and nothing else reads it.
+        """
+        from django.db import connection
+
+        due = [entry for entry in self.to_probe if every or time.monotonic() >= entry[1]]
+        if not due:
+            return
+        sessions = [session for entry in due for session in entry[0]]
+        marks = ", ".join(["%s"] * len(sessions))
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT DISTINCT trx_mysql_thread_id FROM information_schema.INNODB_TRX "
+                f"WHERE trx_mysql_thread_id IN ({marks})",
+                sessions,
+            )
+            open_in = {row[0] for row in cur.fetchall()}
         for entry in due:
             self.to_probe.remove(entry)
-            conn = MySQLdb.connect(host="127.0.0.1", port=3306, user="root", database=POSTGRES_DB)
-            try:
-                cur = conn.cursor()
-                cur.execute("START TRANSACTION")
-                try:
-                    cur.execute("SELECT id FROM django_jobruns_jobrun WHERE id = %s FOR UPDATE NOWAIT", [entry[0]])
-                except MySQLdb.OperationalError:
-                    self.frozen += 1  # the stopped holder still locks it
-                conn.rollback()
-            finally:
-                conn.close()
+            self.probed += 1
+            if open_in & set(entry[0]):
+                self.frozen += 1  # the stopped holder still has its transaction open, and its locks
 
     # -- stalls and stops ------------------------------------------------------
 
@@ -731,6 +755,9 @@ class Harness:
                 landed = self.terminate_one()
                 next_termination = now + (self.rng.uniform(0.1, 0.6) if landed else 0.1)
             time.sleep(0.05)
+        if self.args.between_stalls:
+            # Every run has ended, so no stalled holder can still lock one.
+            self.probe_frozen(every=True)
         self.end_stall(force=True)
         self.resume_stopped(every=True)
         self.heal(every=True)
@@ -893,6 +920,7 @@ class Harness:
             "longest_drive_past_budget": round(max(over, default=0.0), 2),
             "between_stalls": self.between_stalls,
             "frozen_runs": frozen,
+            "stalled_holders_probed": self.probed,
             "longest_takeover_after_stall": round(max(waits, default=0.0), 2),
             "holds": self.holds,
             "outlived_sigterm": self.outlived_sigterm,
@@ -974,6 +1002,7 @@ def main() -> int:
         and result["frozen_runs"] == 0
         and result["outlived_sigterm"] == 0
         and (not args.between_stalls or result["between_stalls"] > 0)
+        and result["stalled_holders_probed"] == result["between_stalls"]
     )
     harness.cleanup()
     print(
@@ -995,6 +1024,7 @@ def main() -> int:
         f" second_sigterms={result['second_sigterms']}"
         f" terminations_by_statement={','.join(f'{k}:{v}' for k, v in result['terminations_by_statement'].items())}"
         f" between_stalls={result['between_stalls']} frozen_runs={result['frozen_runs']}"
+        f" stalled_holders_probed={result['stalled_holders_probed']}"
         f" longest_takeover_after_stall={result['longest_takeover_after_stall']}s"
         f" drives={result['drives_measured']} drives_past_budget_plus_lease={result['drives_past_budget_plus_lease']}"
         f" longest_drive_past_budget={result['longest_drive_past_budget']}s"
