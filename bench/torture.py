@@ -156,7 +156,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--passes", type=int, default=6, help="passes per run")
     parser.add_argument("--steps", type=int, default=4, help="steps per pass")
-    parser.add_argument("--lease-ttl", type=float, default=2.0, help="seconds")
+    parser.add_argument("--lease-ttl", type=float, default=5.0, help="seconds (at least 5)")
     parser.add_argument("--step-seconds", type=float, default=0.01, help="longest simulated upstream call")
     parser.add_argument("--max-minutes", type=float, default=30.0, help="give up (and fail) after this long")
     parser.add_argument("--poison", type=int, default=0, help="runs whose every pass kills its worker")
@@ -201,6 +201,8 @@ def parse_args() -> argparse.Namespace:
         help="skewed workers on SQLite, whose one clock is the host's: shows the harness catching live leases taken",
     )
     args = parser.parse_args()
+    if args.lease_ttl < 5:
+        parser.error("--lease-ttl must be at least 5 (seconds): the shortest lease the workers accept")
     for name in ("workers", "runs", "passes", "steps", "poison_attempts"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -499,7 +501,7 @@ class Harness:
                 self.terminations_by_statement[kind] += 1
             self.wanted = (self.wanted + 1) % len(self.kinds)
             self.wanted_since = time.monotonic()
-        if time.monotonic() - self.wanted_since > 3 * self.args.lease_ttl:
+        if time.monotonic() - self.wanted_since > 3.0:
             # A kind no worker sent for a while (PostgreSQL reads the ledger with
             # the claim, say): the next one.
             self.terminations_by_statement.setdefault(self.kinds[self.wanted], 0)
@@ -1003,6 +1005,7 @@ def main() -> int:
         and result["outlived_sigterm"] == 0
         and (not args.between_stalls or result["between_stalls"] > 0)
         and result["stalled_holders_probed"] == result["between_stalls"]
+        and (not args.statement_terminations or sum(result["terminations_by_statement"].values()) > 0)
     )
     harness.cleanup()
     print(

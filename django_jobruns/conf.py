@@ -24,6 +24,11 @@ from typing import Any
 
 from django.conf import settings
 
+#: The shortest lease anywhere: ``@job(lease=)``, ``LEASE_TTL``, ``run_due_jobs(lease_ttl=)``,
+#: ``--lease-ttl`` and a Tasks backend's ``LEASE_TTL`` option. A shorter one lapses
+#: between a step's writes when a round trip to the database takes a while.
+MIN_LEASE = timedelta(seconds=5)
+
 DEFAULTS: dict[str, Any] = {
     "DEFAULT_RETRY": None,
     "LEASE_TTL": timedelta(minutes=5),
@@ -69,10 +74,21 @@ def problems(configured: Any) -> list[tuple[str, str]]:
         found.append(("jobruns.E002", f"JOBRUNS['DEFAULT_RETRY'] must be a RetryPolicy, got {retry!r}"))
     ttl = configured.get("LEASE_TTL")
     if ttl is not None and not (
-        (isinstance(ttl, timedelta) and ttl > timedelta(0))
-        or (isinstance(ttl, (int, float)) and not isinstance(ttl, bool) and math.isfinite(ttl) and ttl > 0)
+        (isinstance(ttl, timedelta) and ttl >= MIN_LEASE)
+        or (
+            isinstance(ttl, (int, float))
+            and not isinstance(ttl, bool)
+            and math.isfinite(ttl)
+            and ttl >= MIN_LEASE.total_seconds()
+        )
     ):
-        found.append(("jobruns.E003", f"JOBRUNS['LEASE_TTL'] must be a positive timedelta or seconds, got {ttl!r}"))
+        found.append(
+            (
+                "jobruns.E003",
+                f"JOBRUNS['LEASE_TTL'] must be a timedelta or seconds of at least {MIN_LEASE.total_seconds():g} "
+                f"seconds, got {ttl!r}",
+            )
+        )
     for key in ("DRIVE_LIMIT", "SCAN_MAX", "PAYLOAD_MAX_BYTES", "STEP_RESULT_MAX_BYTES"):
         value = configured.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

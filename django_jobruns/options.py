@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from . import conf, db
 from .claims import holder_name
+from .conf import MIN_LEASE
 from .exceptions import InvalidDriveOptions
 from .registry import Job, get_job, registered_jobs
 from .retry import as_timedelta
@@ -99,6 +100,11 @@ def lease_length(value: Any) -> timedelta:
         raise InvalidDriveOptions(
             f"lease_ttl must be positive, got {value!r}: a lease that is already expired is one every "
             "worker can take at once"
+        )
+    if ttl < MIN_LEASE:
+        raise InvalidDriveOptions(
+            f"lease_ttl must be at least {MIN_LEASE.total_seconds():g} seconds, got {value!r}: a lease shorter "
+            "than a database round trip under load lapses between a step's writes"
         )
     return ttl
 

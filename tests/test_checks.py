@@ -67,6 +67,11 @@ def test_settings_checks_refuse_unknown_keys_and_wrong_kinds(settings):
         ("jobruns.E003", "JOBRUNS['SCAN_MAX']"),
     }
     assert "'LEASE_TLL'" in next(m.msg for m in check_settings() if m.id == "jobruns.E001")
+    settings.JOBRUNS = {"LEASE_TTL": 2}
+    (short,) = check_settings()
+    assert short.id == "jobruns.E003" and "at least 5 seconds" in short.msg, short.msg
+    settings.JOBRUNS = {"LEASE_TTL": timedelta(seconds=5)}
+    assert check_settings() == []
     settings.JOBRUNS = ["not", "a", "dict"]
     assert [m.id for m in check_settings()] == ["jobruns.E001"]
 

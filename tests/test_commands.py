@@ -83,6 +83,7 @@ def test_command_refuses_options_that_cannot_mean_what_they_say(args, message):
         (["--lease-ttl", "0"], "expected a positive number of seconds"),
         (["--lease-ttl", "soon"], "expected a number of seconds"),
         (["--lease-ttl", "1e12"], "expected at most 604800 seconds"),
+        (["--lease-ttl", "2"], "expected at least 5 seconds, got '2'"),
         (["--max-seconds", "nan"], "expected a positive number of seconds"),
         (["--max-seconds", "1e300"], "expected at most 86400 seconds"),
     ],

@@ -237,7 +237,7 @@ def test_a_partition_without_reset_ends_the_drive_within_its_budget_plus_one_lea
 
 def test_a_drive_partitioned_from_its_first_statement_ends_within_its_budget_plus_one_lease():
     """The network is down as the drive starts (its connect and its first reading of the clock), sockets open."""
-    budget, lease = 3, 2
+    budget, lease = 3, 5
     with forwarding(*database()) as forwarder:
         forwarder.partitioned.set()
         started = time.monotonic()

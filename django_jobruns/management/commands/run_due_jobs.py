@@ -16,13 +16,14 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 from django.db import DatabaseError
 
+from django_jobruns.conf import MIN_LEASE
 from django_jobruns.drive import in_flight, run_due_jobs
 from django_jobruns.exceptions import JobRunsError
 from django_jobruns.management.scheduled import ScheduledCommand
 
 
-def seconds(most: float) -> Any:
-    """An argparse type: a positive, finite number of seconds, at most ``most``."""
+def seconds(most: float, least: float = 0.0) -> Any:
+    """An argparse type: a positive, finite number of seconds, at least ``least`` and at most ``most``."""
 
     def parse(text: str) -> float:
         try:
@@ -31,6 +32,8 @@ def seconds(most: float) -> Any:
             raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r:.50}") from None
         if not math.isfinite(value) or value <= 0:
             raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r:.50}")
+        if value < least:
+            raise argparse.ArgumentTypeError(f"expected at least {least:g} seconds, got {text!r:.50}")
         if value > most:
             raise argparse.ArgumentTypeError(f"expected at most {most:g} seconds, got {text!r:.50}")
         return value
@@ -99,9 +102,9 @@ class Command(ScheduledCommand):
         parser.add_argument("--holder", default=None, help="lease holder name (default: host:pid:random)")
         parser.add_argument(
             "--lease-ttl",
-            type=seconds(7 * DAY),
+            type=seconds(7 * DAY, least=MIN_LEASE.total_seconds()),
             default=None,
-            help="lease length in seconds (default JOBRUNS['LEASE_TTL'], 300; at most a week); "
+            help="lease length in seconds (default JOBRUNS['LEASE_TTL'], 300; at least 5, at most a week); "
             "must outlast the longest step",
         )
         parser.add_argument(
