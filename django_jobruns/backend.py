@@ -26,9 +26,10 @@ from django.utils.dateparse import parse_datetime
 from django.utils.module_loading import import_string
 
 from . import db
+from .conf import MIN_LEASE
 from .exceptions import GiveUp
-from .models import TASKS_MODULE, JobAttempt, JobRun, Status
-from .registry import MIN_LEASE, Job, lookup
+from .models import TASKS_MODULE, JobAttempt, JobRun, Status, new_run_id
+from .registry import Job, add, lookup
 from .retry import RetryPolicy
 
 
@@ -109,10 +110,12 @@ class JobRunsBackend(BaseTaskBackend):  # type: ignore[misc]
             "takes_context": task.takes_context,
         }
         now = db.now()
+        run_id = new_run_id()
         run = JobRun(
+            id=run_id,
             module=TASKS_MODULE,
             job=self.alias,
-            instance=_new_instance(),
+            instance=run_id,  # each enqueue its own run: never coalesced with another
             payload=json.dumps(payload, separators=(",", ":")),
             started_at=now,
             updated_at=now,
@@ -120,7 +123,6 @@ class JobRunsBackend(BaseTaskBackend):  # type: ignore[misc]
             priority=task.priority,
             queue_name=task.queue_name,
         )
-        run.instance = run.id  # each enqueue its own run: never coalesced with another
         # One INSERT, in the caller's transaction if there is one: a rollback removes the task.
         run.save(force_insert=True, using=db.alias())
         from .signals import notify_due
@@ -201,12 +203,6 @@ class JobRunsBackend(BaseTaskBackend):  # type: ignore[misc]
             )
 
 
-def _new_instance() -> str:
-    from .models import new_run_id
-
-    return new_run_id()
-
-
 def _status(run: JobRun) -> Any:
     if run.status == Status.DONE:
         return TaskResultStatus.SUCCESSFUL
@@ -240,16 +236,11 @@ def task_of(run: JobRun, alias: str) -> Task:
 
 def register_task_job(alias: str, options: dict[str, Any]) -> Job:
     """Register (or refresh) the internal job that runs the tasks of backend ``alias``."""
-    from .registry import _jobs, _lock
-
     retry = options.get("RETRY")
     lease = options.get("LEASE_TTL")
     if isinstance(lease, (int, float)):
         lease = timedelta(seconds=lease)
-    entry = Job(_run_task, module=TASKS_MODULE, name=alias, retry=retry, lease=lease)
-    with _lock:
-        _jobs[entry.key] = entry
-    return entry
+    return add(Job(_run_task, module=TASKS_MODULE, name=alias, retry=retry, lease=lease), replace=True)
 
 
 def register_configured_backends() -> None:

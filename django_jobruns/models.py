@@ -241,6 +241,11 @@ class JobStep(models.Model):
     def completed(self) -> bool:
         return self.result is not None
 
+    @property
+    def result_value(self) -> Any:
+        """The step's return value, decoded (``None`` before it completed, or if unreadable)."""
+        return _decoded(self.result)
+
 
 def _decoded(text: str | None) -> Any:
     try:

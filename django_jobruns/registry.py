@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, overload
 
+from .conf import MIN_LEASE
 from .exceptions import AlreadyRegistered, UnknownJob
 from .retry import RetryPolicy, as_timedelta
 
@@ -18,8 +19,6 @@ Handler = Callable[["Pass"], Mapping[str, Any] | None]
 
 _lock = threading.Lock()
 
-#: The shortest lease ``@job(lease=...)`` accepts.
-MIN_LEASE = timedelta(seconds=5)
 _jobs: dict[tuple[str, str], Job] = {}
 
 
@@ -133,18 +132,27 @@ def job(
         if not callable(handler):
             raise TypeError(f"@job decorates a callable, got {handler!r}")
         module = _app_label_for(handler.__module__)
-        entry = Job(handler, module=module, name=name or handler.__name__, retry=retry, lease=length)
-        with _lock:
-            existing = _jobs.get(entry.key)
-            if existing is not None and not _same_definition(existing.handler, handler):
-                raise AlreadyRegistered(
-                    f"job {entry.label!r} is already registered by "
-                    f"{existing.handler.__module__}.{existing.handler.__qualname__}"
-                )
-            _jobs[entry.key] = entry
-        return entry
+        return add(Job(handler, module=module, name=name or handler.__name__, retry=retry, lease=length))
 
     return register
+
+
+def add(entry: Job, *, replace: bool = False) -> Job:
+    """Register ``entry`` under its key and return it.
+
+    A key taken by another handler raises :class:`AlreadyRegistered`, unless
+    the same definition is executed again (a module reload) or ``replace``
+    (an internal job refreshed from its settings).
+    """
+    with _lock:
+        existing = _jobs.get(entry.key)
+        if existing is not None and not replace and not _same_definition(existing.handler, entry.handler):
+            raise AlreadyRegistered(
+                f"job {entry.label!r} is already registered by "
+                f"{existing.handler.__module__}.{existing.handler.__qualname__}"
+            )
+        _jobs[entry.key] = entry
+    return entry
 
 
 def _same_definition(a: Handler, b: Handler) -> bool:

@@ -145,6 +145,8 @@ def test_d5_lease_is_released_when_the_handler_fails(behaviour, clock):
         ({"lease_ttl": timedelta(0)}, "lease_ttl must be positive"),
         ({"lease_ttl": -5}, "lease_ttl must be positive"),
         ({"lease_ttl": "300"}, "lease_ttl must be a timedelta"),
+        ({"lease_ttl": 2}, "lease_ttl must be at least 5 seconds, got 2"),
+        ({"lease_ttl": timedelta(seconds=4.5)}, "lease_ttl must be at least 5 seconds"),
         ({"concurrency": 0}, "concurrency must be >= 1"),
         ({"concurrency": "2"}, "concurrency must be a whole number"),
         ({"limit": 0}, "limit must be >= 1"),
@@ -432,3 +434,12 @@ def test_the_models_json_fields_read_decoded_and_tolerate_a_row_that_does_not_pa
     assert run.counters_value == {} and run.payload_value is None
     bare, _ = start_job_run("tests.walk", instance="bare")
     assert bare.payload_value is None and bare.instance == "bare"
+    from django.utils import timezone
+
+    from django_jobruns.models import JobStep
+
+    at = timezone.now()
+    done = JobStep.objects.create(run=bare, step="fetch", result='{"page": 2}', recorded_at=at)
+    failing = JobStep.objects.create(run=bare, step="save", result=None, last_error="boom", recorded_at=at)
+    unreadable = JobStep.objects.create(run=bare, step="edited", result="{oops", recorded_at=at)
+    assert done.result_value == {"page": 2} and failing.result_value is None and unreadable.result_value is None

@@ -173,7 +173,7 @@ class Command(ScheduledCommand):
             {
                 "step": step.step,
                 "completed": step.result is not None,
-                "result": _decoded(step.result),
+                "result": step.result_value,
                 "attempts": step.attempts,
                 "last_error": step.last_error,
                 "recorded_at": _plain(step.recorded_at),
@@ -221,13 +221,6 @@ def _age(started: datetime, now: datetime) -> str:
     if now - started < timedelta(minutes=1):
         return "just now"
     return f"{timesince(started, now, depth=1)} ago"
-
-
-def _decoded(text: str | None) -> Any:
-    try:
-        return json.loads(text) if text is not None else None
-    except (TypeError, ValueError):
-        return text
 
 
 def _plain(value: Any) -> Any:
