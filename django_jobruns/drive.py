@@ -194,7 +194,6 @@ def due_rows(
             if (row.module, row.job) in wanted:
                 found.append(row)
             elif lookup(row.module, row.job) is None:
-                report.add(Count.UNREGISTERED)
                 unregistered.append(row)
         if len(batch) < page:
             break  # the end of the due runs
@@ -219,8 +218,9 @@ def _say_unregistered(rows: list[DueRow], report: DriveReport) -> None:
     for row in rows:
         label = f"{row.module}.{row.job}"
         seen = report.unregistered_runs.setdefault(label, set())
-        if row.id not in seen:
+        if row.id not in seen:  # counted once per drive, however often it looks
             seen.add(row.id)
+            report.add(Count.UNREGISTERED)
             new.setdefault(label, []).append(row.id)
     for label, ids in new.items():
         if len(report.unregistered_runs[label]) == len(ids):  # the first sighting of this job in this drive

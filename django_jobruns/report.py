@@ -36,7 +36,8 @@ class DriveReport:
     stale: int = 0
     lost: int = 0
     unreleased: int = 0
-    #: Due runs stepped over because no job of this process is registered under their key.
+    #: Due runs stepped over because no job of this process is registered under their key
+    #: (each run once, however many times a waiting drive looked).
     unregistered: int = 0
     #: Runs taken over from a holder whose lease lapsed unreleased (its pass was charged).
     taken_over: int = 0

@@ -374,6 +374,10 @@ def test_the_report_counts_runs_of_jobs_this_process_does_not_register(clock):
     report = run_due_jobs(now=clock)
     assert report.unregistered == 1 and report.completed == 1
     assert "unregistered=1" in report.summary()
+    # A drive that looks again and again (a drive with a budget polls) counts each run once.
+    again = run_due_jobs(max_seconds=1.5)
+    assert again.unregistered == 1, again.summary()
+    assert again.as_dict()["unregistered_jobs"] == {"gone.renamed": 1}
 
 
 def test_a_run_whose_job_is_not_registered_is_named_in_the_log_and_report_and_marked_once(clock, caplog):

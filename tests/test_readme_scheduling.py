@@ -1,13 +1,17 @@
-"""Every scheduling line the README prints, run as printed in the environment that runs it.
+"""A new user's first hour, replayed: the built wheel, a fresh ``startproject``, the README's lines.
 
-A fresh ``startproject`` with the app installed (and one app of its own with a
-job in its ``jobs.py``), a run started; then the README's cron line under
-cron's environment (``env -i PATH=/usr/bin:/bin``, ``/bin/sh``), the systemd
-unit's ``ExecStart`` from its ``WorkingDirectory`` with systemd's empty
-environment, and the Kubernetes CronJob's ``command`` with an image's PATH (its
-Python first). Each must drive the run to done. Only the paths are the test's
-own (``/srv/app``, the virtualenv, the log) and ``--max-seconds 55`` is cut to
-a few seconds; the rest is the README's text.
+The wheel is built from this checkout and installed with Django (the version
+running the tests) into a virtualenv of its own; a fresh ``startproject`` gets
+the app (and one app of its own with a job in its ``jobs.py``), a run started;
+then the README's cron line under cron's environment (``env -i
+PATH=/usr/bin:/bin``, ``/bin/sh``), the systemd unit's ``ExecStart`` from its
+``WorkingDirectory`` with systemd's empty environment, and the Kubernetes
+CronJob's ``command`` with an image's PATH (its Python first). Each must drive
+the run to done. Only the paths are the test's own (``/srv/app``, the
+virtualenv, the log) and ``--max-seconds 55`` is cut to a few seconds; the
+rest is the README's text. Then the traps a first hour met before: a warning in
+every cron log, a job outside ``jobs.py`` that looks healthy for ever, a drive
+inside ``atomic()`` that loses its commits.
 """
 
 from __future__ import annotations
@@ -35,12 +39,42 @@ def block(language: str) -> str:
     return found.group(1)
 
 
+def install_the_wheel(venv: Path, scratch: Path) -> str:
+    """A virtualenv with the wheel built from this checkout and this Django, as a new user installs it."""
+    import django
+
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "wheel", "--no-deps", "-w", str(scratch), str(ROOT)], check=True, timeout=300)
+    (wheel,) = scratch.glob("django_jobruns-*.whl")
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    install = [python, "-m", "pip", "--disable-pip-version-check", "-q", "install"]
+    subprocess.run([*install, str(wheel), f"django=={django.__version__}"], check=True, timeout=600)
+    found = subprocess.run(
+        [python, "-c", "import django_jobruns; print(django_jobruns.__file__)"],
+        cwd=scratch,
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert found.startswith(str(venv)), found  # the wheel's copy, not this checkout
+    return python
+
+
+def python_of(root: Path) -> str:
+    return str(root_bin(root) / "python")
+
+
+def root_bin(root: Path) -> Path:
+    return root / ".venv" / "bin"
+
+
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``startproject``, the app and rangefilter installed, an app with a job, migrated."""
+    """The wheel in the project's virtualenv, ``startproject``, an app with a job, migrated."""
     root = tmp_path_factory.mktemp("srv") / "app"
     root.mkdir()
-    subprocess.run([sys.executable, "-m", "django", "startproject", "mysite", str(root)], check=True)
+    python = install_the_wheel(root / ".venv", tmp_path_factory.mktemp("dist"))
+    subprocess.run([python, "-m", "django", "startproject", "mysite", str(root)], check=True)
     settings = root / "mysite" / "settings.py"
     text = settings.read_text().replace(
         "INSTALLED_APPS = [", 'INSTALLED_APPS = [\n    "rangefilter",\n    "django_jobruns",\n    "shop",'
@@ -58,7 +92,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def manage(root: Path, *args: str) -> str:
     done = subprocess.run(
-        [*CRON_ENV, sys.executable, "manage.py", *args], cwd=root, capture_output=True, text=True, timeout=120
+        [*CRON_ENV, python_of(root), "manage.py", *args], cwd=root, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
@@ -76,7 +110,7 @@ def status(root: Path, instance: str) -> dict[str, Any]:
 
 
 def ours(command: str, root: Path, log: Path | None = None) -> str:
-    command = command.replace("/srv/app/.venv/bin/python", sys.executable).replace("/srv/app", str(root))
+    command = command.replace("/srv/app", str(root))
     if log is not None:
         command = command.replace("/var/log/jobruns.log", str(log))
     return command.replace("--max-seconds 55", "--max-seconds 3")
@@ -111,8 +145,74 @@ def test_the_kubernetes_cronjob_command_as_printed_runs_with_an_images_path(proj
     command = json.loads(re.search(r"command: (\[.*\])", block("yaml")).group(1))
     assert command[:2] == ["python", "manage.py"], command
     start(project, "kubernetes")
-    image_path = f"PATH={Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"  # the image's Python first
+    image_path = f"PATH={root_bin(project)}:/usr/local/bin:/usr/bin:/bin"  # the image's Python first
     args = ours(" ".join(command), project).split()
     done = subprocess.run(["env", "-i", image_path, *args], cwd=project, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, (command, done.stderr)
     assert status(project, "kubernetes")["status"] == "done"
+
+
+def test_the_cron_log_carries_no_system_check_warning_which_check_itself_gives(project: Path, tmp_path: Path):
+    """Startproject's SQLite settings draw jobruns.W001 once, where the user looks: not in a cron log every minute."""
+    (line,) = [line for line in block("cron").splitlines() if line.strip()]
+    command = ours(line.split(None, 5)[5], project, tmp_path / "jobruns.log").replace("\\%", "%")
+    done = subprocess.run([*CRON_ENV, "/bin/sh", "-c", command], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    log = (tmp_path / "jobruns.log").read_text()
+    assert "W001" not in log and "System check" not in log, log
+    checked = subprocess.run(
+        [*CRON_ENV, python_of(project), "manage.py", "check"], cwd=project, capture_output=True, text=True, timeout=120
+    )
+    assert "jobruns.W001" in checked.stderr + checked.stdout
+
+
+def test_a_job_outside_jobs_py_is_named_by_the_drive_and_refused_by_start_job_run(project: Path, tmp_path: Path):
+    """A @job in a module only the caller imports: the start succeeds there; every drive here names it."""
+    (project / "shop" / "stray.py").write_text(
+        "from django_jobruns import job\n\n\n@job\ndef stray(p):\n    return {'done': True}\n"
+    )
+    refused = subprocess.run(
+        [*CRON_ENV, python_of(project), "manage.py", "start_job_run", "shop.stray"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode != 0 and "jobs.py" in refused.stderr, refused.stderr
+    manage(
+        project,
+        "shell",
+        "-c",
+        "import shop.stray\nfrom django_jobruns import start_job_run\nstart_job_run(shop.stray.stray)",
+    )
+    (line,) = [line for line in block("cron").splitlines() if line.strip()]
+    command = ours(line.split(None, 5)[5], project, tmp_path / "jobruns.log").replace("\\%", "%")
+    done = subprocess.run([*CRON_ENV, "/bin/sh", "-c", command], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    log = (tmp_path / "jobruns.log").read_text()
+    assert "shop.stray are not driven" in log and "jobs.py" in log and "unregistered=1" in log, log
+    (record,) = json.loads(manage(project, "job_runs", "--job", "shop.stray", "--json"))
+    assert record["status"] == "running" and "job not registered" in (record["last_warning"] or ""), record
+
+
+def test_a_drive_inside_atomic_is_refused_and_loses_nothing(project: Path):
+    run_id = start(project, "atomic")
+    refused = subprocess.run(
+        [
+            *CRON_ENV,
+            python_of(project),
+            "manage.py",
+            "shell",
+            "-c",
+            "from django.db import transaction\nfrom django_jobruns import run_due_jobs\n"
+            "with transaction.atomic():\n    run_due_jobs()",
+        ],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode != 0 and "inside a database transaction" in refused.stderr, refused.stderr
+    assert status(project, "atomic")["status"] == "running", run_id
+    manage(project, "run_due_jobs")
+    assert status(project, "atomic")["status"] == "done"
