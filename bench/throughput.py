@@ -29,9 +29,36 @@ from bench.common import drop_database, fresh_database, median, run_phase, setup
 STEPS = 5
 
 
-def phase_ours(db: str, runs: int, mode: str) -> dict[str, float]:
+def record_telemetry() -> None:
+    """OpenTelemetry's SDK configured as a project would: spans batched to an exporter, metrics to a reader.
+
+    The exporter drops what it is given, so what is measured is the engine's
+    instrumentation and the SDK's own work, not a collector's network.
+    """
+    from opentelemetry import metrics, trace
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    class Dropping(SpanExporter):
+        def export(self, spans):  # type: ignore[no-untyped-def]
+            return SpanExportResult.SUCCESS
+
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(BatchSpanProcessor(Dropping()))
+    trace.set_tracer_provider(tracer_provider)
+    metrics.set_meter_provider(MeterProvider(metric_readers=[InMemoryMetricReader()]))
+
+
+def phase_ours(db: str, runs: int, mode: str, otel: bool = False) -> dict[str, float]:
     name = f"bench_ours_{mode}"
     setup_django(fresh_database(db, name), mode)
+    if otel:
+        record_telemetry()
+        from django_jobruns import telemetry
+
+        assert telemetry.current() is not None, "the SDK's providers are set: the drive must record"
     from django.db import connection
 
     from django_jobruns import run_due_jobs, start_job_run
@@ -141,6 +168,25 @@ def phase_raw(db: str, commits: int, mode: str) -> dict[str, float]:
     return {"commits_per_s": commits / elapsed}
 
 
+def compare_otel(db: str, runs: int, rounds: int) -> int:
+    """Ours with the SDK recording every span and metric, against ours with nothing configured, alternated."""
+    mode = "wal" if db == "sqlite" else "rollback"
+    off: list[float] = []
+    on: list[float] = []
+    for round_number in range(rounds):
+        common = ["--phase", "ours", "--db", db, "--runs", str(runs), "--mode", mode]
+        first, second = (off, on) if round_number % 2 == 0 else (on, off)
+        for samples in (first, second):
+            extra = ["--otel"] if samples is on else []
+            samples.append(run_phase("throughput.py", *common, *extra)["steps_per_s"])
+        print(f"round {round_number + 1}: off={off[-1]:.0f} on={on[-1]:.0f} steps/s", flush=True)
+    print(
+        f"db={db} mode={mode} runs={runs} rounds={rounds} otel_off_steps_per_s={median(off):.0f} "
+        f"otel_on_steps_per_s={median(on):.0f} on_to_off={median(on) / median(off):.2f} (medians)"
+    )
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--db", choices=["sqlite", "postgres"], required=True)
@@ -148,12 +194,19 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--phase", choices=["ours", "dbos", "raw"], help=argparse.SUPPRESS)
     parser.add_argument("--mode", choices=["rollback", "wal", "defaults"], default="rollback", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--otel",
+        action="store_true",
+        help="measure ours with OpenTelemetry's SDK recording, against ours without, side by side (the ratio)",
+    )
     args = parser.parse_args()
     if args.runs < 1 or args.rounds < 1:
         parser.error("--runs and --rounds must be >= 1")
     if args.phase == "ours":
-        print(json.dumps(phase_ours(args.db, args.runs, args.mode)))
+        print(json.dumps(phase_ours(args.db, args.runs, args.mode, otel=args.otel)))
         return 0
+    if args.otel:
+        return compare_otel(args.db, args.runs, args.rounds)
     if args.phase == "dbos":
         print(json.dumps(phase_dbos(args.db, args.runs)))
         return 0

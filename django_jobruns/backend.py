@@ -25,7 +25,7 @@ from django.core import checks
 from django.utils.dateparse import parse_datetime
 from django.utils.module_loading import import_string
 
-from . import db
+from . import db, telemetry
 from .conf import MIN_LEASE
 from .exceptions import GiveUp
 from .models import TASKS_MODULE, JobAttempt, JobRun, Status, new_run_id
@@ -109,6 +109,18 @@ class JobRunsBackend(BaseTaskBackend):  # type: ignore[misc]
             "run_after": task.run_after.isoformat() if task.run_after is not None else None,
             "takes_context": task.takes_context,
         }
+        with telemetry.starting(f"{TASKS_MODULE}.{self.alias}") as (traced, start):
+            run = self._insert(task, payload, start.carrier if start is not None else None)
+            if traced is not None and start is not None:
+                traced.started(start, run, True)
+        from .signals import notify_due
+
+        notify_due()
+        result = self._result(run, task, [])
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    def _insert(self, task: Task, payload: dict[str, Any], trace_context: str | None) -> JobRun:
         now = db.now()
         run_id = new_run_id()
         run = JobRun(
@@ -122,15 +134,11 @@ class JobRunsBackend(BaseTaskBackend):  # type: ignore[misc]
             next_attempt_at=task.run_after,
             priority=task.priority,
             queue_name=task.queue_name,
+            trace_context=trace_context,
         )
         # One INSERT, in the caller's transaction if there is one: a rollback removes the task.
         run.save(force_insert=True, using=db.alias())
-        from .signals import notify_due
-
-        notify_due()
-        result = self._result(run, task, [])
-        task_enqueued.send(type(self), task_result=result)
-        return result
+        return run
 
     # -- results ---------------------------------------------------------------
 

@@ -15,12 +15,12 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import DatabaseError
 from django.utils import timezone
 
-from . import conf, db, waiting, watchdog
+from . import conf, db, telemetry, waiting, watchdog
 from .claims import Claim, Claimed, default_holder, holder_name
 from .exceptions import DatabaseReadOnly, DriveInTransaction, InvalidDriveOptions
 from .models import JobRun, Status
@@ -91,13 +91,30 @@ def run_due_jobs(
         return report
     if not options.jobs:
         return report
+    traced = telemetry.current()
+    if traced is None:
+        return _drive(report, options, stop, None)
+    with traced.driving(options.holder) as parent:
+        return _drive(report, options, stop, _Telemetry(traced, parent))
+
+
+class _Telemetry(NamedTuple):
+    """A drive's telemetry: what to record with, and the context its passes are children of."""
+
+    recorder: telemetry.Telemetry
+    parent: Any
+
+
+def _drive(
+    report: DriveReport, options: DriveOptions, stop: StopSignal | None, traced: _Telemetry | None
+) -> DriveReport:
     if options.budget is None:
-        _round_on_a_live_connection(report, options, deadline=None)
+        _round_on_a_live_connection(report, options, deadline=None, traced=traced)
         return report
     deadline = time.monotonic() + options.budget
     with waiting.Waiter(stop, options.statement_bound) as waiter:
         while True:
-            worked = _round_on_a_live_connection(report, options, deadline)
+            worked = _round_on_a_live_connection(report, options, deadline, traced=traced)
             if report.stopped or time.monotonic() >= deadline:
                 break
             if not worked:
@@ -127,7 +144,9 @@ def _refuse_callers_transaction() -> None:
         )
 
 
-def _round_on_a_live_connection(report: DriveReport, options: DriveOptions, deadline: float | None) -> bool:
+def _round_on_a_live_connection(
+    report: DriveReport, options: DriveOptions, deadline: float | None, *, traced: _Telemetry | None = None
+) -> bool:
     """One round; a connection lost under its due read is replaced and the read made again (D15).
 
     A run's own errors never reach here (each is reported on its run); what
@@ -141,7 +160,7 @@ def _round_on_a_live_connection(report: DriveReport, options: DriveOptions, dead
         if attempt == 2 and deadline is not None and time.monotonic() >= deadline:
             break  # the budget is spent: no new connection begun past it
         try:
-            worked = _Drive(report, options, deadline).round()
+            worked = _Drive(report, options, deadline, traced).round()
         except TRANSIENT as exc:
             if db.connection().in_atomic_block:
                 raise  # the caller's transaction owns the connection
@@ -253,10 +272,14 @@ def _say_unregistered(rows: list[DueRow], report: DriveReport) -> None:
 class _Drive:
     """One round of a drive: the due read, then each run claimed, driven and released."""
 
-    def __init__(self, report: DriveReport, options: DriveOptions, deadline: float | None) -> None:
+    def __init__(
+        self, report: DriveReport, options: DriveOptions, deadline: float | None, traced: _Telemetry | None = None
+    ) -> None:
         self.report = report
         self.options = options
         self.deadline = deadline
+        self.telemetry = traced.recorder if traced is not None else None
+        self.parent = traced.parent if traced is not None else None
         self.slots = options.limit
         self.slots_lock = threading.Lock()
 
@@ -305,7 +328,7 @@ class _Drive:
 
     def handle_in_thread(self, row: DueRow) -> bool:
         try:
-            with watchdog.bounding(self.options.statement_bound):
+            with watchdog.bounding(self.options.statement_bound), telemetry.attached(self.parent):
                 return self.handle(row)
         finally:
             db.connection().close()
@@ -351,6 +374,8 @@ class _Drive:
         self.report.add(Count.ATTEMPTED)
         if claim.took_over_from is not None:
             self.report.add(Count.TAKEN_OVER)
+            if self.telemetry is not None:
+                self.telemetry.takeover(job.label)
         released = False
         try:
             # Checked under the claim (the claim's own re-read): only then is the
@@ -391,7 +416,7 @@ class _Drive:
         max_passes = self.options.max_passes
         for number in range(1, max_passes + 1):
             last = number == max_passes or self.stopping()
-            outcome = run_pass(run, job, claim, release=last, ledger=ledger)
+            outcome = run_pass(run, job, claim, release=last, ledger=ledger, telemetry=self.telemetry)
             self.report.record(run.id, outcome)
             if outcome.status is not Outcome.ADVANCED or last:
                 return True  # every final write released the lease; a lost pass has none to give back
@@ -467,5 +492,10 @@ def drive_run(
         lapsed = run.lease_expires_at is not None and run.lease_expires_at <= options.clock()
         held_by = run.lease_holder if lapsed else None
         row = DueRow(run.id, run.lease_fence, run.module, run.job, held_by, run.queue_name, run.priority, None)
-        _Drive(report, options, deadline=None).handle(row)
+        traced = telemetry.current()
+        if traced is None:
+            _Drive(report, options, deadline=None).handle(row)
+        else:
+            with traced.driving(options.holder) as parent:
+                _Drive(report, options, None, _Telemetry(traced, parent)).handle(row)
     return report

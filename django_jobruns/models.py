@@ -119,6 +119,9 @@ class JobRun(models.Model):
     # database default and as a nullable column: no table rewrite.
     priority = models.SmallIntegerField(default=0, db_default=0)
     queue_name = models.CharField(max_length=100, null=True, blank=True)
+    #: The trace context (W3C, as JSON) of the start's span, when OpenTelemetry
+    #: traced it: each pass's span links to it (``django_jobruns.telemetry``).
+    trace_context = models.TextField(null=True, blank=True, editable=False)
 
     objects = JobRunQuerySet.as_manager()
 

@@ -44,6 +44,7 @@ from .queue_safety import decode, decode_counters, dump_queue_safe, dump_result
 from .registry import Job
 from .retry import RetryPolicy
 from .store import Ledger, store
+from .telemetry import Telemetry
 
 logger = logging.getLogger("django_jobruns")
 
@@ -152,6 +153,10 @@ class Pass:
         self._used: set[str] = set()
         self._failed_step: _StepFailure | None = None
         self._ended = False
+        # OpenTelemetry, when the drive records (django_jobruns.telemetry).
+        self._telemetry: Telemetry | None = None
+        self._memo_hit = False
+        self._stepped = False
         claim.store_failure = None
         # Transactions open when the pass began (a caller's, a test case's):
         # a step inside one more than these is inside the handler's own.
@@ -202,10 +207,20 @@ class Pass:
         returned. Step names must be a pure function of the payload and prior
         results.
         """
+        telemetry = self._telemetry
+        if telemetry is not None:
+            return telemetry.step(self._row, name, lambda: self._observed_step(name, fn, retry))
+        return self._observed_step(name, fn, retry)[0]
+
+    def _observed_step(self, name: str, fn: Callable[[], T], retry: RetryPolicy | None) -> tuple[Any, bool]:
+        """The step's value, and whether its memo answered (the body did not run)."""
+        self._memo_hit = False
         observer = _observer.get()
         if observer is not None:
-            return observer.step(self, name, fn, lambda body: self._step(name, body, retry))
-        return self._step(name, fn, retry)
+            value = observer.step(self, name, fn, lambda body: self._step(name, body, retry))
+        else:
+            value = self._step(name, fn, retry)
+        return value, self._memo_hit
 
     def _step(self, name: str, fn: Callable[[], T], retry: RetryPolicy | None) -> Any:
         check_step_name(name)
@@ -227,6 +242,7 @@ class Pass:
         policy = retry or self._job.policy
         prior = self._ledger.get(name)
         if prior is not None and prior.result is not None:
+            self._memo_hit = True
             return json.loads(prior.result)
         attempts = max(prior.attempts, 0) + 1 if prior is not None else 1
         if prior is not None and policy.exhausted(prior.attempts):
@@ -237,6 +253,10 @@ class Pass:
             self._failed_step = _StepFailure(name, prior.attempts, policy, exc)
             raise exc
         self._claim.hold(name)
+        first = not self._stepped and not self._ledger and self._row.cursor is None and self._row.attempts == 0
+        if first and self._telemetry is not None:
+            self._telemetry.first_step(self._row, self._claim.clock())
+        self._stepped = True
         try:
             value = fn()
             try:
@@ -321,7 +341,13 @@ def interpret_result(result: Any, current_cursor: str | None) -> tuple[str | Non
 
 
 def run_pass(
-    run: JobRun, job: Job, claim: Claim, *, release: bool, ledger: dict[str, _LedgerRow] | None = None
+    run: JobRun,
+    job: Job,
+    claim: Claim,
+    *,
+    release: bool,
+    ledger: dict[str, _LedgerRow] | None = None,
+    telemetry: Telemetry | None = None,
 ) -> PassOutcome:
     """Run one pass of ``run`` under ``claim`` and write what happened.
 
@@ -332,21 +358,42 @@ def run_pass(
     the handler's own failures; a database error writing the outcome
     propagates to the drive, which reports it.
     """
+    if telemetry is not None:
+        return telemetry.run_pass(run, claim.fence, lambda: _observed_pass(run, job, claim, release, ledger, telemetry))
+    return _observed_pass(run, job, claim, release, ledger, None)
+
+
+def _observed_pass(
+    run: JobRun,
+    job: Job,
+    claim: Claim,
+    release: bool,
+    ledger: dict[str, _LedgerRow] | None,
+    telemetry: Telemetry | None,
+) -> PassOutcome:
     observer = _observer.get()
     if observer is None:
-        return _run_pass(run, job, claim, release, ledger)
+        return _run_pass(run, job, claim, release, ledger, telemetry)
     observer.pass_started(run)
-    outcome = _run_pass(run, job, claim, release, ledger)
+    outcome = _run_pass(run, job, claim, release, ledger, telemetry)
     observer.pass_ended(run, outcome)
     return outcome
 
 
-def _run_pass(run: JobRun, job: Job, claim: Claim, release: bool, ledger: dict[str, _LedgerRow] | None) -> PassOutcome:
+def _run_pass(
+    run: JobRun,
+    job: Job,
+    claim: Claim,
+    release: bool,
+    ledger: dict[str, _LedgerRow] | None,
+    telemetry: Telemetry | None,
+) -> PassOutcome:
     p: Pass | None = None
     if ledger is None:
         ledger = load_ledger(run.id)  # bookkeeping: a failure here is the drive's, not the job's
     try:
         p = Pass(run, job, claim, ledger)
+        p._telemetry = telemetry
         returned = job.handler(p)
         cursor, done = interpret_result(returned, run.cursor)
     except LeaseLost:
@@ -370,6 +417,8 @@ def _run_pass(run: JobRun, job: Job, claim: Claim, release: bool, ledger: dict[s
             # The server dropped the connection under the pass: record the
             # failure on a new one rather than losing it with the old.
             wrapper.close()
+        if telemetry is not None:
+            telemetry.failed(exc)
         outcome = _fail(run, job, claim, p, exc)
         if escaping:
             # SystemExit, KeyboardInterrupt: recorded, the lease given back,

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.db import IntegrityError, OperationalError, transaction
 
-from . import db
+from . import db, telemetry
 from .deadlocks import TRIES, is_deadlock, retry_deadlocks
 from .exceptions import JobRunsError, NotRestartable
 from .models import JobRun, Status
@@ -36,6 +36,24 @@ class _Taken(Exception):
 
 
 def _start_or_join(
+    label: str, build: Callable[[], JobRun], *, before_insert: Callable[[JobRun], bool] | None = None
+) -> tuple[JobRun, bool]:
+    """Insert the run of job ``label`` unless a live one holds its key; under a span when OpenTelemetry traces."""
+    with telemetry.starting(label) as (traced, start):
+        if traced is None or start is None:
+            return _insert_or_join(build, before_insert=before_insert)
+
+        def build_traced() -> JobRun:
+            candidate = build()
+            candidate.trace_context = start.carrier
+            return candidate
+
+        run, created = _insert_or_join(build_traced, before_insert=before_insert)
+        traced.started(start, run, created)
+        return run, created
+
+
+def _insert_or_join(
     build: Callable[[], JobRun], *, before_insert: Callable[[JobRun], bool] | None = None
 ) -> tuple[JobRun, bool]:
     """Insert the run unless a live one holds its key; then return that one.
@@ -105,7 +123,7 @@ def start_job_run(job: Job | str, *, instance: str = "default", payload: Any = N
             module=entry.module, job=entry.name, instance=instance, payload=text, started_at=now, updated_at=now
         )
 
-    run, created = _start_or_join(build)
+    run, created = _start_or_join(entry.label, build)
     if created:
         notify_due()
     elif run.payload != text and _first_mismatch(run.id):
@@ -166,7 +184,7 @@ def restart_job_run(run: JobRun | str, *, resume: bool = False) -> tuple[JobRun,
         )
 
     try:
-        run, created = _start_or_join(build, before_insert=mark)
+        run, created = _start_or_join(current.label, build, before_insert=mark)
     except _Taken:
         current.refresh_from_db(fields=["restarted_as"])
         return _restarted_already(current)

@@ -231,6 +231,7 @@ class Store:
         values = dict(zip(RUN_FIELDS, row, strict=False))
         values["next_attempt_at"] = self._datetime(values["next_attempt_at"])
         values["paused_at"] = self._datetime(values["paused_at"])
+        values["started_at"] = self._datetime(values["started_at"])
         run = JobRun(**values)
         # Judged in Python, not SQL (SQLite 3.40's RETURNING evaluates "column IS
         # NULL" wrongly), by the one definition of due. The claim's own lease is

@@ -30,6 +30,8 @@ RUN_FIELDS = (
     "lease_fence",
     "next_attempt_at",
     "paused_at",
+    "started_at",
+    "trace_context",
 )
 
 #: The due read's columns, in :class:`~django_jobruns.store.DueRow`'s order.
