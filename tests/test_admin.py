@@ -542,3 +542,44 @@ def test_the_admins_small_things_an_operator_reads(admin_client):
         == 'Traceback (most recent call last):\n  File "x.py", line 1\n    f(a)\nValueError: x'
     )
     assert lapsed.pk in page
+
+
+def test_the_overview_counts_each_state_and_charts_the_last_days_finished_runs(admin_client):
+    now = timezone.now()
+    make_run("plain")
+    make_run("leased", lease_holder="host:1:a", lease_expires_at=now + timedelta(minutes=5))
+    make_run("lapsed", lease_holder="host:2:b", lease_expires_at=now - timedelta(minutes=5))
+    make_run("backoff", next_attempt_at=now + timedelta(minutes=10))
+    make_run("paused", paused_at=now)
+    make_run("done-now", status=Status.DONE)
+    make_run("failed-now", status=Status.FAILED, last_error="boom")
+    make_run("failed-2h", status=Status.FAILED, last_error="boom")
+    JobRun.objects.filter(instance="failed-2h").update(ended_at=now - timedelta(hours=2))
+    make_run("failed-long-ago", status=Status.FAILED, last_error="boom")
+    JobRun.objects.filter(instance="failed-long-ago").update(ended_at=now - timedelta(days=3))
+
+    response = admin_client.get(reverse(CHANGELIST), {"status__exact": "done"})  # the overview ignores the filter
+    overview = response.context["overview"]
+    counts = {tile.label: tile.count for tile in overview.tiles}
+    assert counts == {
+        "running": 5,
+        "leased": 1,
+        "in backoff": 1,
+        "lease lapsed": 1,
+        "paused": 1,
+        "failed in 24 h": 2,
+    }
+    assert len(overview.hours) == 24
+    assert (overview.hours[-1].done, overview.hours[-1].failed) == (1, 1)
+    assert overview.hours[-3].failed == 1 and sum(h.failed for h in overview.hours) == 2
+    html = response.content.decode()
+    assert "<svg" in html and "2 done" not in html and "1 done, 2 failed" in html
+    assert html.count('class="jobruns-bar-done"') == 24
+    # Each tile lists its runs.
+    lapsed = admin_client.get(reverse(CHANGELIST) + "?state=lapsed").content.decode()
+    assert (
+        "lapsed" in lapsed
+        and reverse("admin:django_jobruns_jobrun_change", args=[JobRun.objects.get(instance="lapsed").pk]) in lapsed
+    )
+    head = overview.next_due_run
+    assert head == JobRun.objects.get(instance="plain").pk and overview.next_due_wait >= 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from datetime import timedelta
 from pathlib import Path
@@ -218,3 +219,69 @@ def test_changelist_is_readable_at_1280_px(browser, live_server, screenshots):
     assert sizes["page"] <= sizes["window"], sizes
     assert sizes["table"] <= sizes["box"], sizes
     assert sizes["clipped"] == [], sizes
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_overview_shows_each_states_count_and_the_days_chart_in_light_and_dark(browser, live_server, screenshots):
+    from selenium.webdriver.common.by import By
+
+    User.objects.create_superuser("admin", password="jobruns-demo")
+    _seed()
+    now = timezone.now()
+    for hours_ago, status in [(1, Status.DONE), (1, Status.DONE), (2, Status.FAILED), (5, Status.DONE)]:
+        run, _ = start_job_run("demo.import_catalog", instance=f"earlier-{hours_ago}-{status}-{now.timestamp()}")
+        JobRun.objects.filter(pk=run.pk).update(status=status, live=None, ended_at=now - timedelta(hours=hours_ago))
+    lapsed, _ = start_job_run("demo.import_catalog", instance="supplier-9")
+    JobRun.objects.filter(pk=lapsed.pk).update(lease_holder="host:1:a", lease_expires_at=now - timedelta(minutes=3))
+    browser.get(f"{live_server.url}/admin/login/?next=/admin/django_jobruns/jobrun/")
+    browser.find_element(By.NAME, "username").send_keys("admin")
+    browser.find_element(By.NAME, "password").send_keys("jobruns-demo")
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    tiles = {
+        tile.find_element(By.CSS_SELECTOR, ".jobruns-label").text: int(
+            tile.find_element(By.CSS_SELECTOR, ".jobruns-count").text
+        )
+        for tile in browser.find_elements(By.CSS_SELECTOR, ".jobruns-tiles a")
+    }
+    assert tiles == {
+        "running": 2,
+        "leased": 0,
+        "in backoff": 0,
+        "lease lapsed": 1,
+        "paused": 0,
+        "failed in 24 h": 2,
+    }, tiles
+    chart = browser.find_element(By.CSS_SELECTOR, "svg.jobruns-chart")
+    assert chart.size["width"] > 300 and chart.size["height"] > 60
+    bars = browser.execute_script(
+        "const height = (g, q) => g.querySelector(q).getBBox().height;"
+        "return [...document.querySelectorAll('.jobruns-chart g')].map(g => [g.querySelector('title').textContent,"
+        " height(g, '.jobruns-bar-done'), height(g, '.jobruns-bar-failed')])"
+    )
+    assert len(bars) == 24
+    assert bars[-1][0].endswith(": 2 done, 1 failed") and bars[-1][1] > 0 and bars[-1][2] > 0, bars[-1]
+    assert bars[-2][0].endswith(": 2 done, 0 failed") and bars[-2][1] > bars[-1][1] - 1, bars[-2]
+    browser.save_screenshot(str(screenshots / "overview.png"))
+
+    def colours() -> dict[str, str]:
+        return browser.execute_script(
+            "const s = (q, p) => getComputedStyle(document.querySelector(q))[p];"
+            "return {count: s('.jobruns-tiles .jobruns-count', 'color'),"
+            " axis: s('.jobruns-chart .jobruns-axis', 'fill'), page: s('body', 'backgroundColor')};"
+        )
+
+    light = colours()
+    browser.execute_script("localStorage.setItem('theme', 'dark')")
+    browser.refresh()
+    dark = colours()
+    browser.save_screenshot(str(screenshots / "overview-dark.png"))
+    browser.execute_script("localStorage.removeItem('theme')")
+
+    def luminance(css: str) -> float:
+        red, green, blue = (int(part) for part in re.findall(r"\d+", css)[:3])
+        return (0.2126 * red + 0.7152 * green + 0.0722 * blue) / 255
+
+    # The overview follows the admin's theme: light figures on the dark page, dark ones on the light.
+    assert luminance(light["page"]) > 0.5 and luminance(light["count"]) < 0.5, light
+    assert luminance(dark["page"]) < 0.5 and luminance(dark["count"]) > 0.5, dark
+    assert light["axis"] != dark["axis"], (light, dark)

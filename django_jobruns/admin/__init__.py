@@ -21,9 +21,10 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from rangefilter.filters import DateRangeFilterBuilder
 
-from .. import search
+from .. import db, search
 from ..drive import UNREGISTERED_WARNING
 from ..models import JobAttempt, JobRun, JobStep, Status
+from ..overview import overview
 from .actions import STEERING, RunActions, _InlineBase, steering_verbs
 from .display import (
     ago,
@@ -232,6 +233,8 @@ class JobRunAdmin(RunActions):
         if context and "cl" in context:
             paginator = context["cl"].paginator
             context["count_estimated"] = bool(getattr(paginator, "estimated", False))
+            # The whole queue, whatever the list is filtered to: what an operator looks at first.
+            context["overview"] = overview(JobRun.objects.using(db.alias()), db.now())
         return response
 
     # -- columns ---------------------------------------------------------------

@@ -1,0 +1,64 @@
+"""Two small partial indexes for the admin's overview: the runs held under a lease, and the paused runs.
+
+Built CONCURRENTLY on PostgreSQL (writers are not held up at millions of rows);
+MariaDB/MySQL have no partial indexes (Django makes none there), and the
+overview counts those by reading the running runs.
+"""
+
+from django.db import migrations, models
+
+INDEXES = {
+    "jobruns_held": "lease_holder",
+    "jobruns_paused": "paused_at",
+}
+
+
+def create(apps, schema_editor):
+    connection = schema_editor.connection
+    if connection.vendor not in ("postgresql", "sqlite"):
+        return
+    q = connection.ops.quote_name
+    concurrently = "CONCURRENTLY " if connection.vendor == "postgresql" else ""
+    for name, column in INDEXES.items():
+        schema_editor.execute(
+            f"CREATE INDEX {concurrently}IF NOT EXISTS {q(name)} ON {q('django_jobruns_jobrun')} ({q(column)}) "
+            f"WHERE {q(column)} IS NOT NULL"
+        )
+
+
+def drop(apps, schema_editor):
+    connection = schema_editor.connection
+    if connection.vendor not in ("postgresql", "sqlite"):
+        return
+    q = connection.ops.quote_name
+    concurrently = "CONCURRENTLY " if connection.vendor == "postgresql" else ""
+    for name in INDEXES:
+        schema_editor.execute(f"DROP INDEX {concurrently}IF EXISTS {q(name)}")
+
+
+class Migration(migrations.Migration):
+    atomic = False  # CREATE INDEX CONCURRENTLY cannot run inside a transaction
+
+    dependencies = [
+        ("django_jobruns", "0014_trace_context"),
+    ]
+
+    operations = [
+        migrations.SeparateDatabaseAndState(
+            state_operations=[
+                migrations.AddIndex(
+                    model_name="jobrun",
+                    index=models.Index(
+                        condition=models.Q(("lease_holder__isnull", False)), fields=["lease_holder"], name="jobruns_held"
+                    ),
+                ),
+                migrations.AddIndex(
+                    model_name="jobrun",
+                    index=models.Index(
+                        condition=models.Q(("paused_at__isnull", False)), fields=["paused_at"], name="jobruns_paused"
+                    ),
+                ),
+            ],
+            database_operations=[migrations.RunPython(create, drop)],
+        ),
+    ]
