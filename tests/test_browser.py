@@ -264,11 +264,12 @@ def test_the_overview_shows_each_states_count_and_the_days_chart_in_light_and_da
     browser.save_screenshot(str(screenshots / "overview.png"))
 
     def colours() -> dict[str, str]:
-        return browser.execute_script(
+        found: dict[str, str] = browser.execute_script(
             "const s = (q, p) => getComputedStyle(document.querySelector(q))[p];"
             "return {count: s('.jobruns-tiles .jobruns-count', 'color'),"
             " axis: s('.jobruns-chart .jobruns-axis', 'fill'), page: s('body', 'backgroundColor')};"
         )
+        return found
 
     light = colours()
     browser.execute_script("localStorage.setItem('theme', 'dark')")

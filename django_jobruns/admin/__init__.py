@@ -233,8 +233,11 @@ class JobRunAdmin(RunActions):
         if context and "cl" in context:
             paginator = context["cl"].paginator
             context["count_estimated"] = bool(getattr(paginator, "estimated", False))
-            # The whole queue, whatever the list is filtered to: what an operator looks at first.
-            context["overview"] = overview(JobRun.objects.using(db.alias()), db.now())
+            cl = context["cl"]
+            if not cl.has_active_filters and not cl.query:
+                # The whole queue, on the list an operator lands on (two statements);
+                # a filtered or searched list is about its rows and reads only them.
+                context["overview"] = overview(JobRun.objects.using(db.alias()), db.now())
         return response
 
     # -- columns ---------------------------------------------------------------
