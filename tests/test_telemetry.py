@@ -205,3 +205,19 @@ def test_without_a_configured_sdk_nothing_is_recorded_or_stored(behaviour, clock
     run, _ = start_job_run("tests.scripted", instance="quiet")
     assert run.trace_context is None
     assert run_due_jobs(now=clock).completed == 1
+
+
+def test_a_task_enqueued_in_a_request_is_linked_from_the_pass_that_runs_it(otel):
+    from tests import task_functions as t
+
+    with otel.tracer.start_as_current_span("POST /checkout") as request:
+        result = t.add.enqueue(2, 3)
+    assert run_due_jobs().completed == 1
+    spans = otel.spans.get_finished_spans()
+    (send,) = [s for s in spans if s.name.startswith("send ")]
+    (process,) = [s for s in spans if s.name.startswith("process ")]
+    assert send.parent.span_id == request.get_span_context().span_id
+    assert send.attributes["messaging.message.id"] == result.id
+    (link,) = process.links
+    assert link.context.span_id == send.context.span_id
+    assert process.attributes["jobruns.outcome"] == "completed"
