@@ -156,7 +156,9 @@ class JobRun(models.Model):
         # the due read's partial expression index (``jobruns_due_order``, 0006
         # and 0013) and the overview's partial indexes of the runs held under a
         # lease and the paused runs (``jobruns_held``, ``jobruns_paused``, 0015;
-        # plain indexes on MariaDB/MySQL, where Django warns of conditions).
+        # plain indexes on MariaDB/MySQL, where Django warns of conditions), and
+        # the warned runs, where the job filter finds jobs not registered
+        # (``jobruns_warned``, 0016).
 
     def __str__(self) -> str:
         state = "paused" if self.status == Status.RUNNING and self.paused_at is not None else self.status

@@ -84,13 +84,16 @@ class JobFilter(admin.SimpleListFilter):
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         known = [(entry.label, entry.label) for entry in registered_jobs()]
-        # And the jobs of runs in flight that no job here is registered for (one read of the
-        # runs in flight, marked by the drive that stepped over them), so they can be found.
+        # And the jobs of runs in flight that no job here is registered for, marked so by the
+        # drive that stepped over them: found in the index of the warned runs (jobruns_warned),
+        # which the explicit IS NOT NULL lets SQLite use; not by reading the runs in flight.
         from ..drive import UNREGISTERED_WARNING
 
         labels = {label for label, _ in known}
         strays = (
-            JobRun.objects.filter(status=Status.RUNNING, last_warning__startswith=UNREGISTERED_WARNING)
+            JobRun.objects.filter(
+                status=Status.RUNNING, last_warning__isnull=False, last_warning__startswith=UNREGISTERED_WARNING
+            )
             .values_list("module", "job")
             .distinct()
         )
