@@ -591,3 +591,38 @@ def test_the_overview_counts_each_state_and_charts_the_last_days_finished_runs(a
         admin_client.get(reverse(CHANGELIST))
     overview_reads = [q["sql"] for q in landing.captured_queries if "COUNT(*) FROM (SELECT" in q["sql"]]
     assert len(overview_reads) == 1 and not any("COUNT(*) FROM (SELECT" in q["sql"] for q in plain.captured_queries)
+
+
+def test_the_overviews_large_counts_are_the_databases_estimate_and_its_reads_are_bounded(admin_client, monkeypatch):
+    # At a million runs, counting the runs in flight exactly read a quarter of a
+    # million index entries on every view. Each count reads at most EXACT_UP_TO + 1
+    # entries; one that reaches it is the planner's estimate, as the list's total is.
+    from django_jobruns import overview as overview_module
+
+    monkeypatch.setattr(overview_module, "EXACT_UP_TO", 3)
+    now = timezone.now()
+    for i in range(6):
+        make_run(f"r{i}", next_attempt_at=now + timedelta(minutes=10) if i < 2 else None)
+    with CaptureQueriesContext(connection) as ctx:
+        response = admin_client.get(reverse(CHANGELIST))
+    tiles = {tile.label: tile for tile in response.context["overview"].tiles}
+    (counts,) = [q["sql"] for q in ctx.captured_queries if "COUNT(*) FROM (SELECT" in q["sql"]]
+    if connection.vendor == "sqlite":  # no estimates: counted exactly, as the list's total is
+        assert tiles["running"].count == 6 and not tiles["running"].estimated
+        assert "LIMIT 4" not in counts, counts
+    else:
+        assert counts.count("LIMIT 4") == 6, counts
+        assert tiles["running"].estimated and tiles["running"].count >= 4, tiles["running"]
+        assert "≈" in response.content.decode()
+    assert (tiles["in backoff"].count, tiles["in backoff"].estimated) == (2, False)
+    assert (tiles["paused"].count, tiles["paused"].estimated) == (0, False)
+
+
+def test_the_overview_is_on_the_first_page_only(admin_client):
+    finished_runs(120, "p")
+    first = admin_client.get(reverse(CHANGELIST))
+    assert first.context["overview"] is not None
+    with CaptureQueriesContext(connection) as ctx:
+        second = admin_client.get(reverse(CHANGELIST), {"p": "2"})
+    assert second.status_code == 200 and second.context.get("overview") is None
+    assert not any("COUNT(*) FROM (SELECT" in q["sql"] for q in ctx.captured_queries)

@@ -24,7 +24,7 @@ from rangefilter.filters import DateRangeFilterBuilder
 from .. import db, search
 from ..drive import UNREGISTERED_WARNING
 from ..models import JobAttempt, JobRun, JobStep, Status
-from ..overview import overview
+from ..overview import EXACT_UP_TO, overview
 from .actions import STEERING, RunActions, _InlineBase, steering_verbs
 from .display import (
     ago,
@@ -234,10 +234,11 @@ class JobRunAdmin(RunActions):
             paginator = context["cl"].paginator
             context["count_estimated"] = bool(getattr(paginator, "estimated", False))
             cl = context["cl"]
-            if not cl.has_active_filters and not cl.query:
+            if not cl.has_active_filters and not cl.query and cl.page_num == 1:
                 # The whole queue, on the list an operator lands on (two statements);
-                # a filtered or searched list is about its rows and reads only them.
+                # a filtered or searched list, or a later page, is about its rows and reads only them.
                 context["overview"] = overview(JobRun.objects.using(db.alias()), db.now())
+                context["exact_up_to"] = EXACT_UP_TO
         return response
 
     # -- columns ---------------------------------------------------------------
