@@ -12,8 +12,9 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -91,11 +92,8 @@ def run_due_jobs(
         return report
     if not options.jobs:
         return report
-    traced = telemetry.current()
-    if traced is None:
-        return _drive(report, options, stop, None)
-    with traced.driving(options.holder) as parent:
-        return _drive(report, options, stop, _Telemetry(traced, parent))
+    with _traced(options.holder) as traced:
+        return _drive(report, options, stop, traced)
 
 
 class _Telemetry(NamedTuple):
@@ -103,6 +101,17 @@ class _Telemetry(NamedTuple):
 
     recorder: telemetry.Telemetry
     parent: Any
+
+
+@contextmanager
+def _traced(holder: str) -> Iterator[_Telemetry | None]:
+    """A drive's telemetry, under the drive's span; ``None`` when nothing is configured to record (no cost)."""
+    recorder = telemetry.current()
+    if recorder is None:
+        yield None
+        return
+    with recorder.driving(holder) as parent:
+        yield _Telemetry(recorder, parent)
 
 
 def _drive(
@@ -492,10 +501,6 @@ def drive_run(
         lapsed = run.lease_expires_at is not None and run.lease_expires_at <= options.clock()
         held_by = run.lease_holder if lapsed else None
         row = DueRow(run.id, run.lease_fence, run.module, run.job, held_by, run.queue_name, run.priority, None)
-        traced = telemetry.current()
-        if traced is None:
-            _Drive(report, options, deadline=None).handle(row)
-        else:
-            with traced.driving(options.holder) as parent:
-                _Drive(report, options, None, _Telemetry(traced, parent)).handle(row)
+        with _traced(options.holder) as traced:
+            _Drive(report, options, None, traced).handle(row)
     return report

@@ -155,8 +155,7 @@ class Pass:
         self._ended = False
         # OpenTelemetry, when the drive records (django_jobruns.telemetry).
         self._telemetry: Telemetry | None = None
-        self._memo_hit = False
-        self._stepped = False
+        self._stepped = False  # whether a step of this pass has run its body (the run's first step is timed)
         claim.store_failure = None
         # Transactions open when the pass began (a caller's, a test case's):
         # a step inside one more than these is inside the handler's own.
@@ -214,15 +213,19 @@ class Pass:
 
     def _observed_step(self, name: str, fn: Callable[[], T], retry: RetryPolicy | None) -> tuple[Any, bool]:
         """The step's value, and whether its memo answered (the body did not run)."""
-        self._memo_hit = False
-        observer = _observer.get()
-        if observer is not None:
-            value = observer.step(self, name, fn, lambda body: self._step(name, body, retry))
-        else:
-            value = self._step(name, fn, retry)
-        return value, self._memo_hit
+        hit = False
 
-    def _step(self, name: str, fn: Callable[[], T], retry: RetryPolicy | None) -> Any:
+        def perform(body: Callable[[], T]) -> Any:
+            nonlocal hit
+            value, hit = self._step(name, body, retry)
+            return value
+
+        observer = _observer.get()
+        value = observer.step(self, name, fn, perform) if observer is not None else perform(fn)
+        return value, hit
+
+    def _step(self, name: str, fn: Callable[[], T], retry: RetryPolicy | None) -> tuple[Any, bool]:
+        """The step's value, and whether its memo answered."""
         check_step_name(name)
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise TypeError(f"step {name!r}: retry must be a RetryPolicy, got {retry!r}")
@@ -242,8 +245,7 @@ class Pass:
         policy = retry or self._job.policy
         prior = self._ledger.get(name)
         if prior is not None and prior.result is not None:
-            self._memo_hit = True
-            return json.loads(prior.result)
+            return json.loads(prior.result), True
         attempts = max(prior.attempts, 0) + 1 if prior is not None else 1
         if prior is not None and policy.exhausted(prior.attempts):
             # Spent already (a stop came between the step's last failed attempt and
@@ -274,7 +276,7 @@ class Pass:
         self._record_step(name, stored, attempts, None)
         # Returned through the stored form, on the first run as on a replay, so
         # resumed code never sees a different type.
-        return json.loads(stored)
+        return json.loads(stored), False
 
     def _record_step(self, name: str, result: str | None, attempts: int, error: str | None) -> None:
         """Record the step under the claim (fenced, renewing the lease), then in this pass's ledger."""
@@ -358,26 +360,17 @@ def run_pass(
     the handler's own failures; a database error writing the outcome
     propagates to the drive, which reports it.
     """
-    if telemetry is not None:
-        return telemetry.run_pass(run, claim.fence, lambda: _observed_pass(run, job, claim, release, ledger, telemetry))
-    return _observed_pass(run, job, claim, release, ledger, None)
 
+    def observed() -> PassOutcome:
+        observer = _observer.get()
+        if observer is not None:
+            observer.pass_started(run)
+        outcome = _run_pass(run, job, claim, release, ledger, telemetry)
+        if observer is not None:
+            observer.pass_ended(run, outcome)
+        return outcome
 
-def _observed_pass(
-    run: JobRun,
-    job: Job,
-    claim: Claim,
-    release: bool,
-    ledger: dict[str, _LedgerRow] | None,
-    telemetry: Telemetry | None,
-) -> PassOutcome:
-    observer = _observer.get()
-    if observer is None:
-        return _run_pass(run, job, claim, release, ledger, telemetry)
-    observer.pass_started(run)
-    outcome = _run_pass(run, job, claim, release, ledger, telemetry)
-    observer.pass_ended(run, outcome)
-    return outcome
+    return telemetry.run_pass(run, claim.fence, observed) if telemetry is not None else observed()
 
 
 def _run_pass(
