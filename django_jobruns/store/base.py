@@ -229,16 +229,16 @@ class Store:
 
     def _claimed(self, row: tuple[Any, ...], now: datetime, ledger: Ledger | None = None) -> ClaimedRow:
         values = dict(zip(RUN_FIELDS, row, strict=False))
-        values["next_attempt_at"] = self._datetime(values["next_attempt_at"])
-        values["paused_at"] = self._datetime(values["paused_at"])
-        values["started_at"] = self._datetime(values["started_at"])
+        values["next_attempt_at"] = self.read_datetime(values["next_attempt_at"])
+        values["paused_at"] = self.read_datetime(values["paused_at"])
+        values["started_at"] = self.read_datetime(values["started_at"])
         run = JobRun(**values)
         # Judged in Python, not SQL (SQLite 3.40's RETURNING evaluates "column IS
         # NULL" wrongly), by the one definition of due. The claim's own lease is
         # not among the fields read back, so it does not count against it.
         return ClaimedRow(run, run.is_due(now), ledger)
 
-    def _datetime(self, value: Any) -> datetime | None:
+    def read_datetime(self, value: Any) -> datetime | None:
         """A datetime column read by a raw cursor, as the ORM would give it."""
         if value is None or (isinstance(value, datetime) and timezone.is_aware(value)):
             return value
@@ -335,7 +335,7 @@ class Store:
                         (paused_at,) = cur.fetchone()
                 if drop_ledger:
                     cur.execute(st.drop_ledger, [run_id])
-                return Committed(self._datetime(paused_at))
+                return Committed(self.read_datetime(paused_at))
 
         return retry_deadlocks(commit, f"run {run_id}: pass commit")
 
