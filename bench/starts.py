@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """What the admin's search index costs: starts and steps per second with and without its triggers.
 
-    python bench/starts.py --db {sqlite,mysql} [--starts N] [--rounds R]
+    python bench/starts.py --db {sqlite,mysql} [--starts N] [--rounds R] [--without {search,warned}]
 
 On SQLite (an FTS5 trigram table, migration 0007) and MariaDB/MySQL (a table of
 three-character sequences, migration 0010), the search index is kept by
@@ -12,6 +12,8 @@ as a project's code starts them), then driven (one pass of five steps each,
 whose step records and commit fire the update trigger, which finds the text
 unchanged), the two alternating; medians are compared. The last line:
 ``with_index_starts_per_s=… without_starts_per_s=… ratio=… steps_ratio=…``.
+``--without warned`` compares with and without the index of the warned runs
+(``jobruns_warned``, migration 0016) instead, the search index kept in both.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ MIGRATION = {
 }
 
 
-def phase(db: str, variant: str, starts: int, round_: int) -> dict[str, float]:
+def phase(db: str, variant: str, starts: int, round_: int, without: str = "search") -> dict[str, float]:
     name = f"bench_starts_{variant}"
     url = fresh_database(db, name)
     setup_django(url)
@@ -44,8 +46,12 @@ def phase(db: str, variant: str, starts: int, round_: int) -> dict[str, float]:
 
     if variant == "without":
         with connection.cursor() as cur:
-            for trigger in import_module(MIGRATION[db]).TRIGGERS:
-                cur.execute(f"DROP TRIGGER IF EXISTS {trigger}")
+            if without == "warned":
+                on = " ON django_jobruns_jobrun" if db == "mysql" else ""
+                cur.execute(f"DROP INDEX jobruns_warned{on}")
+            else:
+                for trigger in import_module(MIGRATION[db]).TRIGGERS:
+                    cur.execute(f"DROP TRIGGER IF EXISTS {trigger}")
     began = time.perf_counter()
     for i in range(starts):
         start_job_run("perf.five_steps", instance=f"supplier-{round_}-{i}", payload={"page": i})
@@ -65,18 +71,21 @@ def main() -> int:
     parser.add_argument("--db", choices=["sqlite", "mysql"], required=True)
     parser.add_argument("--starts", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--without", choices=["search", "warned"], default="search")
     parser.add_argument("--phase", choices=["with", "without"], help=argparse.SUPPRESS)
     parser.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.phase:
-        print(json.dumps(phase(args.db, args.phase, args.starts, args.round)))
+        print(json.dumps(phase(args.db, args.phase, args.starts, args.round, args.without)))
         return 0
     rounds = iter(range(args.rounds * 2))
     samples = interleave(
         args.rounds,
         {"with": "with", "without": "without"},
         lambda key, variant: run_phase(
-            "starts.py", "--phase", variant, "--db", args.db, "--starts", str(args.starts), "--round", str(next(rounds))
+            "starts.py",
+            *("--phase", variant, "--db", args.db, "--starts", str(args.starts), "--round", str(next(rounds))),
+            *("--without", args.without),
         ),
     )
     for key, values in samples.items():
