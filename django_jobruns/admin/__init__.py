@@ -24,7 +24,7 @@ from rangefilter.filters import DateRangeFilterBuilder
 from .. import db, search
 from ..drive import UNREGISTERED_WARNING
 from ..models import JobAttempt, JobRun, JobStep, Status
-from ..overview import EXACT_UP_TO, overview
+from ..overview import overview
 from .actions import STEERING, RunActions, _InlineBase, steering_verbs
 from .display import (
     ago,
@@ -238,7 +238,6 @@ class JobRunAdmin(RunActions):
                 # The whole queue, on the list an operator lands on (two statements);
                 # a filtered or searched list, or a later page, is about its rows and reads only them.
                 context["overview"] = overview(JobRun.objects.using(db.alias()), db.now())
-                context["exact_up_to"] = EXACT_UP_TO
         return response
 
     # -- columns ---------------------------------------------------------------
