@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from django.db import DatabaseError
+from django.db.models import Q
 from django.utils import timezone
 
 from . import conf, db, telemetry, waiting, watchdog
@@ -235,6 +236,15 @@ def due_rows(
 UNREGISTERED_WARNING = "job not registered"
 
 
+def marked_unregistered() -> Q:
+    """The runs a drive marked with :data:`UNREGISTERED_WARNING`, as a filter.
+
+    Spelled with ``last_warning IS NOT NULL``, which the prefix implies, so that
+    SQLite can read them from the index of the warned runs (``jobruns_warned``).
+    """
+    return Q(last_warning__isnull=False, last_warning__startswith=UNREGISTERED_WARNING)
+
+
 def _say_unregistered(rows: list[DueRow], report: DriveReport) -> None:
     """Name the jobs nobody here drives, once per drive each, and mark their runs once for the admin.
 
@@ -272,7 +282,7 @@ def _say_unregistered(rows: list[DueRow], report: DriveReport) -> None:
     try:
         with watchdog.guarded(db.connection()):
             JobRun.objects.using(db.alias()).filter(pk__in=marked, status=Status.RUNNING).exclude(
-                last_warning__startswith=UNREGISTERED_WARNING
+                marked_unregistered()
             ).update(last_warning=note)
     except DatabaseError:
         logger.debug("could not mark the runs whose job is not registered", exc_info=True)

@@ -178,7 +178,7 @@ def in_state(rows: Any, state: str, now: datetime | None = None) -> Any:
     known = Q()
     for entry in registered_jobs():
         known |= Q(module=entry.module, job=entry.name)
-    from .drive import UNREGISTERED_WARNING
+    from .drive import marked_unregistered
 
-    marked = Q(last_warning__startswith=UNREGISTERED_WARNING)
+    marked = marked_unregistered()
     return running.filter(~known | marked) if known else running

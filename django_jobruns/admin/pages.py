@@ -86,16 +86,12 @@ class JobFilter(admin.SimpleListFilter):
         known = [(entry.label, entry.label) for entry in registered_jobs()]
         # And the jobs of runs in flight that no job here is registered for, marked so by the
         # drive that stepped over them: found in the index of the warned runs (jobruns_warned),
-        # which the explicit IS NOT NULL lets SQLite use; not by reading the runs in flight.
-        from ..drive import UNREGISTERED_WARNING
+        # not by reading the runs in flight.
+        from ..drive import marked_unregistered
 
         labels = {label for label, _ in known}
         strays = (
-            JobRun.objects.filter(
-                status=Status.RUNNING, last_warning__isnull=False, last_warning__startswith=UNREGISTERED_WARNING
-            )
-            .values_list("module", "job")
-            .distinct()
+            JobRun.objects.filter(marked_unregistered(), status=Status.RUNNING).values_list("module", "job").distinct()
         )
         extra = sorted({f"{module}.{job}" for module, job in strays} - labels)
         return known + [(label, f"{label} (not registered)") for label in extra]
