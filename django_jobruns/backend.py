@@ -26,7 +26,7 @@ from django.utils.dateparse import parse_datetime
 from django.utils.module_loading import import_string
 
 from . import db, telemetry
-from .conf import MIN_LEASE
+from .conf import duration
 from .exceptions import GiveUp
 from .models import TASKS_MODULE, JobAttempt, JobRun, Status, new_run_id
 from .registry import Job, add, lookup
@@ -76,6 +76,11 @@ class JobRunsTaskContext(TaskContext):  # type: ignore[misc]
 
     def count(self, name: str, by: int | float = 1) -> None:
         _current_pass.get().count(name, by)
+
+    @property
+    def stopping(self) -> bool:
+        """Whether the task should end early (D18): cancelled, paused, lease lost, past its TIMEOUT, or the worker stopping."""
+        return bool(_current_pass.get().stopping)
 
 
 class JobRunsBackend(BaseTaskBackend):  # type: ignore[misc]
@@ -201,14 +206,12 @@ class JobRunsBackend(BaseTaskBackend):  # type: ignore[misc]
             yield checks.Error(
                 f"TASKS[{self.alias!r}]['OPTIONS']['RETRY'] must be a RetryPolicy, got {retry!r}", id="jobruns.E011"
             )
-        lease = self.options.get("LEASE_TTL")
-        length = timedelta(seconds=lease) if isinstance(lease, (int, float)) else lease
-        if lease is not None and (not isinstance(length, timedelta) or length < MIN_LEASE):
-            yield checks.Error(
-                f"TASKS[{self.alias!r}]['OPTIONS']['LEASE_TTL'] must be a timedelta or seconds of at least "
-                f"{MIN_LEASE.total_seconds():g}, got {lease!r}",
-                id="jobruns.E012",
-            )
+        for key in ("LEASE_TTL", "TIMEOUT"):
+            if self.options.get(key) is not None:
+                try:
+                    duration(self.options[key], f"TASKS[{self.alias!r}]['OPTIONS'][{key!r}]")
+                except ValueError as exc:
+                    yield checks.Error(str(exc), id="jobruns.E012")
 
 
 def _status(run: JobRun) -> Any:
@@ -245,10 +248,20 @@ def task_of(run: JobRun, alias: str) -> Task:
 def register_task_job(alias: str, options: dict[str, Any]) -> Job:
     """Register (or refresh) the internal job that runs the tasks of backend ``alias``."""
     retry = options.get("RETRY")
-    lease = options.get("LEASE_TTL")
-    if isinstance(lease, (int, float)):
-        lease = timedelta(seconds=lease)
-    return add(Job(_run_task, module=TASKS_MODULE, name=alias, retry=retry, lease=lease), replace=True)
+    lease, timeout = (_duration_or_none(options.get(key)) for key in ("LEASE_TTL", "TIMEOUT"))
+    return add(
+        Job(_run_task, module=TASKS_MODULE, name=alias, retry=retry, lease=lease, timeout=timeout), replace=True
+    )
+
+
+def _duration_or_none(value: Any) -> timedelta | None:
+    """An option's duration, or ``None`` (the default) for a missing or bad one, which the backend's check names."""
+    if value is None:
+        return None
+    try:
+        return duration(value, "option")
+    except ValueError:
+        return None
 
 
 def register_configured_backends() -> None:

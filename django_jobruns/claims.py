@@ -16,6 +16,10 @@ The three rules of the lease live here, with their SQL in :mod:`.store`:
   over writes nothing and the claim is marked :attr:`Claim.lost`, which the
   pass asks. Before each step body :meth:`Claim.hold` renews a lapsed lease
   if nobody took it, or stops the pass as lost.
+- **A live holder keeps its lease (D17-D19).** From :meth:`Claim.take` to its
+  last write a claim is kept alive by :mod:`.keepalive`, which renews it while
+  a body runs and tells the pass, through :attr:`Claim.stopping`, when it
+  should end early: lost, paused, past its timeout, or its drive stopping.
 
 :class:`Claim` is the only caller of the store's fenced writes.
 """
@@ -27,13 +31,15 @@ import os
 import secrets
 import socket
 import threading
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from . import outcomes, signals, transitions
+from . import keepalive, outcomes, signals, transitions
 from .db import Clock
-from .exceptions import InvalidDriveOptions, LeaseLost, StepResultUnstorable
+from .exceptions import InvalidDriveOptions, LeaseLost, PassTimedOut, StepResultUnstorable
 from .models import JobRun
 from .outcomes import LOST, TRANSIENT, Outcome, PassOutcome
 from .store import ClaimedRow, Committed, DueRow, Expiry, StepWrite, store
@@ -93,6 +99,21 @@ class Claim:
     #: A database error of the engine's own write under this claim (a step
     #: record, a heartbeat) in the pass in flight: never charged to the job.
     store_failure: BaseException | None = None
+    #: Whether the drive that holds the claim is stopping (a stop signal, its budget spent).
+    drive_stopping: Callable[[], bool] | None = None
+    #: An operator paused the run while its pass ran (a renewal saw it).
+    paused: bool = False
+    #: The pass in flight ran past its timeout (D19): the lease is no longer renewed.
+    timed_out: bool = False
+    #: When the statement that last set the lease was sent, on this process's
+    #: monotonic clock: when the keep-alive renews it next (whatever the clock).
+    kept_at: float = field(default_factory=time.monotonic)
+    #: When a renewal that failed is tried again (monotonic), else ``None``.
+    retry_at: float | None = None
+    #: The pass in flight's timeout, and when it runs out (monotonic).
+    timeout: timedelta | None = None
+    deadline: float | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
     def take(cls, row: DueRow, holder: str, ttl: timedelta, clock: Clock) -> Claimed | None:
@@ -105,23 +126,120 @@ class Claim:
         now = clock()
         fence = row.fence + 1
         charge = None if row.holder is None else transitions.charged(outcomes.stopped_reporting(row.holder), now)
+        kept_at = time.monotonic()
         sent = clock.mark()
         claimed = store().claim(row, fence, holder, Expiry(clock.lease_now(), ttl), now, charge=charge)
         if claimed is None:
             return None
-        return Claimed(cls(row.id, holder, fence, ttl, clock, sent, took_over_from=row.holder), claimed)
+        claim = cls(row.id, holder, fence, ttl, clock, sent, took_over_from=row.holder, kept_at=kept_at)
+        keepalive.keep(claim)
+        return Claimed(claim, claimed)
 
     def lease_left(self) -> timedelta:
         """How long the lease is sure to last, counted from when the statement that set it was sent."""
         return self.ttl - self.clock.since(self.sent)
 
+    def _leased(self, sent: Any, kept_at: float) -> None:
+        """A statement sent at ``sent`` (``kept_at`` monotonic) set the lease: count it from there."""
+        with self._lock:
+            if kept_at >= self.kept_at:
+                self.sent, self.kept_at, self.retry_at = sent, kept_at, None
+
+    @property
+    def stopping(self) -> bool:
+        """Whether the pass in flight should end early (D18): lost, paused, past its timeout, lapsed, or its drive stopping."""
+        return (
+            self.lost
+            or self.paused
+            or self.timed_out
+            or (self.drive_stopping is not None and self.drive_stopping())
+            or self.past_timeout()
+            or self.lease_left() <= timedelta(0)
+        )
+
+    # -- keep-alive (D17) and the pass's timeout (D19) ----------------------------
+
+    def next_renewal(self) -> float:
+        """When (monotonic) the keep-alive looks at this claim next: a third of the lease after it was set."""
+        at = self.kept_at + self.ttl.total_seconds() / 3
+        if self.retry_at is not None:
+            at = min(at, self.retry_at)
+        if self.deadline is not None and not self.timed_out:
+            at = min(at, self.deadline)
+        return at
+
+    def keep_alive(self) -> None:
+        """Renew the lease in one fenced statement; mark the claim lost or paused if the renewal says so."""
+        kept_at, sent = time.monotonic(), self.clock.mark()
+        held, paused = store().keep_alive(self.run_id, self.fence, self.extended())
+        if not keepalive.kept(self):
+            return  # the pass wrote its last meanwhile: what the renewal found no longer matters
+        if not held:
+            self.lost = True
+            keepalive.forget(self)
+            logger.warning(
+                "run %s: the lease was lost while its pass ran (the run was cancelled or taken over): "
+                "the pass is stopping and nothing more it writes is kept",
+                self.run_id,
+            )
+            return
+        self._leased(sent, kept_at)
+        if paused and not self.paused:
+            self.paused = True
+            logger.info("run %s: paused while its pass ran; the pass is asked to stop (p.stopping)", self.run_id)
+
+    def renewal_failed(self, retry_at: float) -> None:
+        with self._lock:
+            self.retry_at = retry_at
+
+    def begin_pass(self, timeout: timedelta) -> None:
+        """A pass starts: it may run ``timeout``, renewed all the while (D19)."""
+        self.timeout = timeout
+        self.deadline = time.monotonic() + timeout.total_seconds()
+        if not self.lost:
+            keepalive.keep(self)  # the keep-alive wakes for the deadline too
+
+    def end_pass(self) -> None:
+        self.deadline = None
+
+    def past_timeout(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def time_out(self) -> None:
+        """The pass ran past its timeout: no more renewals; the lease lapses and the run is taken over (D19)."""
+        if self.timed_out:
+            return
+        self.timed_out = True
+        keepalive.forget(self)
+        logger.warning(
+            "run %s: the pass ran past its timeout of %s: its lease is no longer renewed and lapses within "
+            "%s, when another drive takes the run over (charged) unless the pass returns first; p.stopping "
+            "is True",
+            self.run_id,
+            self.timeout,
+            self.ttl,
+        )
+
+    def check_timeout(self) -> None:
+        """Raise :class:`PassTimedOut` if the pass in flight ran past its timeout."""
+        if self.timed_out or self.past_timeout():
+            self.time_out()
+            raise PassTimedOut(
+                f"the pass ran past its timeout of {self.timeout} (@job(timeout=...), the tasks backend's "
+                "TIMEOUT option or JOBRUNS['TIMEOUT']): its lease was no longer renewed"
+            )
+
     def hold(self, step: str) -> None:
-        """Start no step body on a lapsed lease: renew it if the claim still holds, else stop as lost (D11)."""
+        """Start no step body on a lapsed lease: renew it if the claim still holds, else stop as lost (D11).
+
+        Nor past the pass's timeout (D19): that pass is failed instead.
+        """
         if self.lost:
             raise LeaseLost(f"run {self.run_id}: the lease was taken over; step {step!r} not run")
+        self.check_timeout()
         if self.lease_left() > timedelta(0):
             return
-        sent = self.clock.mark()
+        kept_at, sent = time.monotonic(), self.clock.mark()
         try:
             held = store().heartbeat(self.run_id, self.fence, self.extended())
         except TRANSIENT as exc:
@@ -130,11 +248,11 @@ class Claim:
         if not held:
             self.lost = True
             raise LeaseLost(f"run {self.run_id}: the lease lapsed and was taken; step {step!r} not run")
-        self.sent = sent
+        self._leased(sent, kept_at)
 
     def record_step(self, step: str, result: str | None, attempts: int, error: str | None, *, exists: bool) -> None:
         """Write a step's record under the fence, renewing the lease with it (D3); :class:`LeaseLost` if taken."""
-        sent = self.clock.mark()
+        kept_at, sent = time.monotonic(), self.clock.mark()
         write = StepWrite(
             self.run_id,
             self.fence,
@@ -163,8 +281,8 @@ class Claim:
         if not held:
             self.lost = True
             raise LeaseLost(f"run {self.run_id}: the lease was taken over while step {step!r} ran")
-        if renewed:
-            self.sent = sent
+        if renewed and not self.timed_out:
+            self._leased(sent, kept_at)
 
     def extended(self) -> Expiry:
         """The lease renewed by a write about to be sent: the value of ``lease_expires_at`` that keeps it."""
@@ -178,16 +296,20 @@ class Claim:
         lease is counted again from this commit, which reads back the run's pause.
         """
         keeps = isinstance(fields.get("lease_expires_at"), Expiry)
-        sent = self.clock.mark()
+        if not keeps:
+            keepalive.forget(self)  # before the last write: no renewal may follow it
+        kept_at, sent = time.monotonic(), self.clock.mark()
         committed = store().commit_pass(self.run_id, self.fence, fields, drop_ledger=drop_ledger, read_back=keeps)
         if committed is None:
             self.lost = True
+            keepalive.forget(self)
         elif keeps:
-            self.sent = sent
+            self._leased(sent, kept_at)
         return committed
 
     def write(self, fields: dict[str, Any]) -> bool:
         """Write a transition that ends the claim (a failed pass, a release); return whether the fence held."""
+        keepalive.forget(self)  # before the last write: no renewal may follow it
         held = store().write_fenced(self.run_id, self.fence, fields)
         if not held:
             self.lost = True

@@ -4,7 +4,9 @@
 key                    default                      meaning
 =====================  ===========================  ==========================================
 ``DEFAULT_RETRY``      ``RetryPolicy()``            policy of a job (and step) that names none
-``LEASE_TTL``          ``timedelta(minutes=5)``     the drive's lease, where a job names none
+``LEASE_TTL``          ``timedelta(seconds=30)``    the drive's lease, where a job names none;
+                                                    kept alive while a body runs (D17)
+``TIMEOUT``            ``timedelta(hours=1)``       longest pass, where a job names none (D19)
 ``DRIVE_LIMIT``        ``50``                       runs one drive takes at most (``--limit``)
 ``SCAN_MAX``           ``500``                      rows one drive reads at most
 ``PAYLOAD_MAX_BYTES``  ``1_048_576``                largest payload or cursor, as JSON
@@ -31,7 +33,8 @@ MIN_LEASE = timedelta(seconds=5)
 
 DEFAULTS: dict[str, Any] = {
     "DEFAULT_RETRY": None,
-    "LEASE_TTL": timedelta(minutes=5),
+    "LEASE_TTL": timedelta(seconds=30),
+    "TIMEOUT": timedelta(hours=1),
     "DRIVE_LIMIT": 50,
     "SCAN_MAX": 500,
     "PAYLOAD_MAX_BYTES": 1_048_576,
@@ -44,6 +47,43 @@ def get(name: str) -> Any:
     configured = getattr(settings, "JOBRUNS", None) or {}
     value = configured.get(name)
     return DEFAULTS[name] if value is None else value
+
+
+#: The longest lease or timeout anywhere: past it a number stops meaning a duration (and
+#: a datetime's arithmetic overflows).
+MAX_DURATION = timedelta(days=7)
+
+
+def duration(value: Any, name: str) -> timedelta:
+    """``value`` (a timedelta or seconds) as a lease or timeout: finite, at least :data:`MIN_LEASE`, at most a week.
+
+    ``ValueError`` naming ``name`` and the value otherwise.
+    """
+    length: timedelta | None = None
+    if isinstance(value, timedelta):
+        length = value
+    elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        if abs(value) <= MAX_DURATION.total_seconds():
+            length = timedelta(seconds=value)
+        else:
+            length = MAX_DURATION + timedelta(seconds=1) if value > 0 else timedelta(0)
+    if length is None:
+        raise ValueError(f"{name} must be a timedelta or a finite number of seconds, got {value!r:.100}")
+    if length <= timedelta(0):
+        raise ValueError(f"{name} must be positive, got {value!r:.100}: a lease or time limit that has already run out")
+    if length < MIN_LEASE:
+        raise ValueError(
+            f"{name} must be at least {MIN_LEASE.total_seconds():g} seconds, got {value!r:.100}: a lease shorter "
+            "than a database round trip under load lapses between its renewals"
+        )
+    if length > MAX_DURATION:
+        raise ValueError(f"{name} must be at most a week ({MAX_DURATION.total_seconds():g} seconds), got {value!r:.100}")
+    return length
+
+
+def timeout() -> timedelta:
+    """``JOBRUNS["TIMEOUT"]``, the longest pass of a job that names none (D19)."""
+    return duration(get("TIMEOUT"), "JOBRUNS['TIMEOUT']")
 
 
 def default_retry() -> Any:
@@ -72,23 +112,12 @@ def problems(configured: Any) -> list[tuple[str, str]]:
     retry = configured.get("DEFAULT_RETRY")
     if retry is not None and not isinstance(retry, RetryPolicy):
         found.append(("jobruns.E002", f"JOBRUNS['DEFAULT_RETRY'] must be a RetryPolicy, got {retry!r}"))
-    ttl = configured.get("LEASE_TTL")
-    if ttl is not None and not (
-        (isinstance(ttl, timedelta) and ttl >= MIN_LEASE)
-        or (
-            isinstance(ttl, (int, float))
-            and not isinstance(ttl, bool)
-            and math.isfinite(ttl)
-            and ttl >= MIN_LEASE.total_seconds()
-        )
-    ):
-        found.append(
-            (
-                "jobruns.E003",
-                f"JOBRUNS['LEASE_TTL'] must be a timedelta or seconds of at least {MIN_LEASE.total_seconds():g} "
-                f"seconds, got {ttl!r}",
-            )
-        )
+    for key in ("LEASE_TTL", "TIMEOUT"):
+        if configured.get(key) is not None:
+            try:
+                duration(configured[key], f"JOBRUNS[{key!r}]")
+            except ValueError as exc:
+                found.append(("jobruns.E003", str(exc)))
     for key in ("DRIVE_LIMIT", "SCAN_MAX", "PAYLOAD_MAX_BYTES", "STEP_RESULT_MAX_BYTES"):
         value = configured.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

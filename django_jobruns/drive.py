@@ -22,7 +22,7 @@ from django.db import DatabaseError
 from django.db.models import Q
 from django.utils import timezone
 
-from . import conf, db, telemetry, waiting, watchdog
+from . import conf, db, keepalive, telemetry, waiting, watchdog
 from .claims import Claim, Claimed, default_holder, holder_name
 from .exceptions import DatabaseReadOnly, DriveInTransaction, InvalidDriveOptions
 from .models import JobRun, Status
@@ -94,7 +94,10 @@ def run_due_jobs(
     if not options.jobs:
         return report
     with _traced(options.holder) as traced:
-        return _drive(report, options, stop, traced)
+        _drive(report, options, stop, traced)
+    if stop is not None and stop.is_set():
+        report.stopped = True  # asked to stop while its last pass ran (D18)
+    return report
 
 
 class _Telemetry(NamedTuple):
@@ -339,11 +342,18 @@ class _Drive:
 
     def stopping(self) -> bool:
         """Whether to take no further run or pass: the stop signal is set, or the time budget spent."""
-        stop = self.options.stop
-        if stop is not None and stop.is_set():
+        if self.asked_to_stop():
             self.report.stopped = True
             return True
         return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def asked_to_stop(self) -> bool:
+        stop = self.options.stop
+        return stop is not None and stop.is_set()
+
+    def ending(self) -> bool:
+        """Whether the passes in flight should end early (D18): the stop signal is set, or the budget spent."""
+        return self.asked_to_stop() or (self.deadline is not None and time.monotonic() >= self.deadline)
 
     def handle_in_thread(self, row: DueRow) -> bool:
         try:
@@ -389,6 +399,7 @@ class _Drive:
                 self.slots += 1
             return True
         claim, claimed = taken.claim, taken.row
+        claim.drive_stopping = self.ending
         _in_flight.add(id(claim))
         self.report.add(Count.ATTEMPTED)
         if claim.took_over_from is not None:
@@ -425,6 +436,7 @@ class _Drive:
             # and the runs after this one try to use it.
             db.replace_if_broken()
         finally:
+            keepalive.forget(claim)  # whatever ended the claim: an abandoned pass's lease must lapse
             if not released and not claim.lost:
                 self.release(claim)
             _in_flight.discard(id(claim))
@@ -437,6 +449,8 @@ class _Drive:
             last = number == max_passes or self.stopping()
             outcome = run_pass(run, job, claim, release=last, ledger=ledger, telemetry=self.telemetry)
             self.report.record(run.id, outcome)
+            if claim.timed_out:
+                self.report.add(Count.TIMED_OUT)
             if outcome.status is not Outcome.ADVANCED or last:
                 return True  # every final write released the lease; a lost pass has none to give back
             if self.stopping():

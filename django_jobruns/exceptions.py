@@ -104,6 +104,10 @@ class LeaseLost(JobRunsError):
     """This worker's claim on a run was taken over; its writes were refused by the fence."""
 
 
+class PassTimedOut(JobRunsError):
+    """A pass ran past its timeout (``@job(timeout=...)``): recorded as a failed attempt, retried by the policy."""
+
+
 class UndecodableRun(JobRunsError):
     """A run's stored payload, cursor or counters cannot be decoded; its pass fails."""
 

@@ -9,10 +9,8 @@ from typing import Any, Protocol
 
 from . import conf, db
 from .claims import holder_name
-from .conf import MIN_LEASE
 from .exceptions import InvalidDriveOptions
 from .registry import Job, get_job, registered_jobs
-from .retry import as_timedelta
 
 #: ``max_passes`` with a time budget and no cap of its own: the budget bounds the passes.
 _UNLIMITED = 10**9
@@ -93,20 +91,11 @@ def positive_int(value: Any, name: str) -> int:
 
 
 def lease_length(value: Any) -> timedelta:
-    ttl = as_timedelta(conf.get("LEASE_TTL") if value is None else value)
-    if ttl is None:
-        raise InvalidDriveOptions(f"lease_ttl must be a timedelta or a number of seconds, got {value!r}")
-    if ttl <= timedelta(0):
-        raise InvalidDriveOptions(
-            f"lease_ttl must be positive, got {value!r}: a lease that is already expired is one every "
-            "worker can take at once"
-        )
-    if ttl < MIN_LEASE:
-        raise InvalidDriveOptions(
-            f"lease_ttl must be at least {MIN_LEASE.total_seconds():g} seconds, got {value!r}: a lease shorter "
-            "than a database round trip under load lapses between a step's writes"
-        )
-    return ttl
+    """The drive's lease: ``value``, else ``JOBRUNS["LEASE_TTL"]``, checked as :func:`conf.duration`."""
+    try:
+        return conf.duration(conf.get("LEASE_TTL") if value is None else value, "lease_ttl")
+    except ValueError as exc:
+        raise InvalidDriveOptions(str(exc)) from None
 
 
 def _selected_jobs(value: Any) -> list[Job]:

@@ -186,6 +186,19 @@ class Pass:
         return self._row.attempts + 1
 
     @property
+    def stopping(self) -> bool:
+        """Whether this pass should end early (D18), and return what it has done.
+
+        True once the run was cancelled or paused, its lease was lost or ran
+        out, the pass ran past its timeout, or the drive is stopping (SIGTERM,
+        its time budget spent). A long step body or a loop in the handler checks
+        it: a handler that returns its cursor then commits the progress made so
+        far (a lost or timed-out pass commits nothing; its completed steps stay
+        memoized).
+        """
+        return self._claim.stopping
+
+    @property
     def holder(self) -> str:
         """Who holds this pass's lease (the drive's holder name)."""
         return self._claim.holder
@@ -384,10 +397,12 @@ def _run_pass(
     p: Pass | None = None
     if ledger is None:
         ledger = load_ledger(run.id)  # bookkeeping: a failure here is the drive's, not the job's
+    claim.begin_pass(job.timeout)
     try:
         p = Pass(run, job, claim, ledger)
         p._telemetry = telemetry
         returned = job.handler(p)
+        claim.check_timeout()  # a pass that ran past its timeout commits nothing (D19)
         cursor, done = interpret_result(returned, run.cursor)
     except LeaseLost:
         return LOST
@@ -419,6 +434,7 @@ def _run_pass(
             raise
         return outcome
     finally:
+        claim.end_pass()
         if p is not None:
             p._ended = True
 

@@ -8,9 +8,9 @@ from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, overload
 
-from .conf import MIN_LEASE
+from .conf import duration
 from .exceptions import AlreadyRegistered, UnknownJob
-from .retry import RetryPolicy, as_timedelta
+from .retry import RetryPolicy
 
 if TYPE_CHECKING:
     from .passes import Pass
@@ -41,15 +41,28 @@ class Job:
         name: str,
         retry: RetryPolicy | None,
         lease: timedelta | None = None,
+        timeout: timedelta | None = None,
     ) -> None:
         self.handler = handler
         self.module = module
         self.name = name
         self.retry = retry
-        #: This job's lease length (``None``: the drive's ``lease_ttl``). It must
-        #: outlast the job's longest step.
+        #: This job's lease length (``None``: the drive's ``lease_ttl``). Kept
+        #: alive while a body runs (D17): it bounds how long a killed worker's run
+        #: waits, not how long a step may take.
         self.lease = lease
+        #: The longest one pass may run (``None``: ``JOBRUNS["TIMEOUT"]``, D19).
+        self._timeout = timeout
         functools.update_wrapper(self, handler)
+
+    @property
+    def timeout(self) -> timedelta:
+        """How long one pass may run before its lease is no longer renewed (D19)."""
+        if self._timeout is not None:
+            return self._timeout
+        from . import conf
+
+        return conf.timeout()
 
     @property
     def key(self) -> tuple[str, str]:
@@ -94,35 +107,38 @@ def job(name: Handler, /) -> Job: ...
 
 @overload
 def job(
-    name: str | None = None, *, retry: RetryPolicy | None = None, lease: timedelta | float | None = None
+    name: str | None = None,
+    *,
+    retry: RetryPolicy | None = None,
+    lease: timedelta | float | None = None,
+    timeout: timedelta | float | None = None,
 ) -> Callable[[Handler], Job]: ...
 
 
 def job(
-    name: str | Handler | None = None, *, retry: RetryPolicy | None = None, lease: timedelta | float | None = None
+    name: str | Handler | None = None,
+    *,
+    retry: RetryPolicy | None = None,
+    lease: timedelta | float | None = None,
+    timeout: timedelta | float | None = None,
 ) -> Job | Callable[[Handler], Job]:
     """Register a handler as a job, under ``(app label, name)``.
 
     ``name`` defaults to the function's name; the app label is that of the
     installed app whose module defines the function. ``lease`` (a timedelta or
-    seconds) is this job's lease length, for a job whose steps outlast the
-    drive's default. Usable bare (``@job``) or called (``@job()``,
+    seconds) is this job's lease length: how long a killed worker's run waits
+    before another drive takes it over (a live worker keeps it alive however
+    long its steps run). ``timeout`` bounds one pass (default
+    ``JOBRUNS["TIMEOUT"]``, an hour): past it the lease is no longer renewed and
+    the run is taken over, charged. Usable bare (``@job``) or called (``@job()``,
     ``@job("name", retry=...)``). Registering a second handler under a key that
     is taken raises :class:`AlreadyRegistered` (re-executing the same
     definition, as a module reload does, replaces it).
     """
     if callable(name):
         return job()(name)
-    length = None
-    if lease is not None:
-        length = as_timedelta(lease)
-        if length is None or length <= timedelta(0):
-            raise ValueError(f"lease must be a positive timedelta or number of seconds, got {lease!r}")
-        if length < MIN_LEASE:
-            raise ValueError(
-                f"lease must be at least {MIN_LEASE.total_seconds():g} seconds, got {lease!r}: a lease shorter "
-                "than a database round trip under load lapses between a step's writes"
-            )
+    length = None if lease is None else duration(lease, "lease")
+    limit = None if timeout is None else duration(timeout, "timeout")
     if name is not None and (not isinstance(name, str) or not name or "." in name or len(name) > 100):
         raise ValueError(f"job name must be non-empty text without dots, at most 100 characters; got {name!r}")
     if retry is not None and not isinstance(retry, RetryPolicy):
@@ -132,7 +148,9 @@ def job(
         if not callable(handler):
             raise TypeError(f"@job decorates a callable, got {handler!r}")
         module = _app_label_for(handler.__module__)
-        return add(Job(handler, module=module, name=name or handler.__name__, retry=retry, lease=length))
+        return add(
+            Job(handler, module=module, name=name or handler.__name__, retry=retry, lease=length, timeout=limit)
+        )
 
     return register
 

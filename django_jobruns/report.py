@@ -21,6 +21,7 @@ class Count(enum.Enum):
     UNRELEASED = "unreleased"
     UNREGISTERED = "unregistered"
     TAKEN_OVER = "taken_over"
+    TIMED_OUT = "timed_out"
 
 
 @dataclass
@@ -41,6 +42,8 @@ class DriveReport:
     unregistered: int = 0
     #: Runs taken over from a holder whose lease lapsed unreleased (its pass was charged).
     taken_over: int = 0
+    #: Passes that ran past their timeout (D19): no longer renewed, failed or taken over.
+    timed_out: int = 0
     errors: list[tuple[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     stopped: bool = False
@@ -64,9 +67,10 @@ class DriveReport:
         "unreleased",
         "unregistered",
         "taken_over",
+        "timed_out",
     )
     #: Counts the one-line summary shows only when they are not zero.
-    RARE = ("unregistered", "taken_over")
+    RARE = ("unregistered", "taken_over", "timed_out")
 
     def add(self, count: Count) -> None:
         with self._lock:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,8 @@ def blocking(p: Any) -> Any:
     opens it to read, so the test knows the worker is inside the step), then
     waits until the test opens the FIFO ``payload["release"]`` (or forever) --
     unless ``payload["marker"]`` exists, left by an earlier attempt, in which
-    case it returns at once.
+    case it returns at once (after opening the FIFO ``payload["rescued"]`` for
+    writing, if given: the test then knows another worker took the run over).
     """
     payload = p.payload or {}
 
@@ -69,6 +71,9 @@ def blocking(p: Any) -> Any:
             effect(payload["log"], p.run.id, "first")
         if "fifo" in payload:
             marker = Path(payload["marker"])
+            if marker.exists() and "rescued" in payload:
+                with open(payload["rescued"], "w") as rescued:
+                    rescued.write(f"{os.getpid()}\n")
             if not marker.exists():
                 marker.touch()
                 with open(payload["fifo"], "w") as fifo:
@@ -90,6 +95,40 @@ def blocking(p: Any) -> Any:
     p.step("second", lambda: effect(payload["log"], p.run.id, "second") if "log" in payload else "second")
     p.count("passes")
     return {"cursor": "end", "done": True}
+
+
+#: ``blocking`` with a pass time limit of 5 seconds (D19): its first attempt ignores it.
+overrunning = job("overrunning", retry=FAST_RETRY, lease=5, timeout=5)(blocking.handler)
+
+
+@job(retry=FAST_RETRY, lease=5)
+def looping(p: Any) -> dict[str, Any]:
+    """One long step walking ``payload["items"]`` items, checking ``p.stopping`` after each (D18).
+
+    Each item leaves an effect line; the step returns how far it got, and the
+    handler hands that forward as the cursor. The first item announces the
+    worker's pid on the FIFO ``payload["fifo"]``; when the walk stops early, the
+    wall-clock time it saw ``stopping`` is written to ``payload["seen"]``.
+    """
+    payload = p.payload
+    start = p.cursor or 0
+
+    def walk() -> int:
+        item = start
+        pace = threading.Event()
+        while item < payload["items"] and not p.stopping:
+            effect(payload["log"], p.run.id, f"item-{item}")
+            if item == start and "fifo" in payload:
+                with open(payload["fifo"], "w") as fifo:
+                    fifo.write(f"{os.getpid()}\n")
+            item += 1
+            pace.wait(payload.get("pace", 0.01))  # the work an item takes
+        if item < payload["items"] and "seen" in payload:
+            Path(payload["seen"]).write_text(repr(time.time()))
+        return item
+
+    reached = p.step(f"walk:{start}", walk)
+    return {"cursor": reached, "done": reached >= payload["items"]}
 
 
 # Jobs for assert_resumable's own tests: one right, and one wrong in each way it catches.

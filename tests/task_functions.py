@@ -91,3 +91,32 @@ def gives_up() -> None:
     from django_jobruns import GiveUp
 
     raise GiveUp("the order was deleted: nothing to do, ever")
+
+
+@task()
+def blocking_task(log: str, fifo: str, release: str) -> str:
+    """Announces itself on the FIFO ``fifo``, then runs until the test opens the FIFO ``release``."""
+    with open(log, "a") as out:
+        out.write(f"started {os.getpid()}\n")
+    with open(fifo, "w") as entered:
+        entered.write(f"{os.getpid()}\n")
+    with open(release) as let_go:
+        let_go.read()
+    return "finished"
+
+
+@task(takes_context=True)
+def stoppable_task(context: Any, log: str, fifo: str) -> int:
+    """Counts until ``context.stopping`` (D18), announcing itself on the FIFO ``fifo`` first."""
+    import threading
+
+    with open(fifo, "w") as entered:
+        entered.write(f"{os.getpid()}\n")
+    count = 0
+    pace = threading.Event()
+    while not context.stopping and count < 100_000:
+        count += 1
+        pace.wait(0.01)
+    with open(log, "a") as out:
+        out.write(f"stopped {count}\n")
+    return count

@@ -59,10 +59,16 @@ def test_job_is_usable_bare_and_takes_a_lease():
 
 
 def test_bad_registrations_are_refused():
-    with pytest.raises(ValueError, match="lease must be a positive"):
+    with pytest.raises(ValueError, match="lease must be positive"):
         job(lease=0)
-    with pytest.raises(ValueError, match="lease must be a positive"):
+    with pytest.raises(ValueError, match="lease must be a timedelta or a finite number"):
         job(lease=float("inf"))
+    with pytest.raises(ValueError, match="timeout must be a timedelta or a finite number"):
+        job(timeout=float("nan"))
+    with pytest.raises(ValueError, match="timeout must be at least 5 seconds"):
+        job(timeout=timedelta(seconds=1))
+    with pytest.raises(ValueError, match="timeout must be at most a week"):
+        job(timeout=1e300)
     with pytest.raises(ValueError, match="lease must be at least 5 seconds"):
         job(lease=timedelta(seconds=1))
     with pytest.raises(ValueError, match="without dots"):

@@ -90,6 +90,7 @@ GUARDED = (
     "ledger",
     "claim",
     "heartbeat",
+    "keep_alive",
     "record_step",
     "commit_pass",
     "write_fenced",
@@ -255,6 +256,26 @@ class Store:
         with self.connection.cursor() as cur:
             cur.execute(st.heartbeat, [*st.expiry_params(expires.now, expires.ttl), run_id, fence])
             return bool(cur.rowcount == 1)
+
+    def keep_alive(self, run_id: str, fence: int, expires: Expiry) -> tuple[bool, bool]:
+        """Renew a held lease from the keep-alive's own connection (D17): (whether ``fence`` held, whether paused).
+
+        A lease given back meanwhile (no holder) is left as it is, and so is a
+        run whose fence moved on (cancelled, or taken over).
+        """
+        st = self.statements
+        params = [*st.expiry_params(expires.now, expires.ttl), run_id, fence]
+        with self.connection.cursor() as cur:
+            if self.returning:
+                cur.execute(st.keep_alive_returning, params)
+                found = cur.fetchone()
+                return found is not None, found is not None and found[0] is not None
+            cur.execute(st.keep_alive, params)
+            if cur.rowcount != 1:
+                return False, False
+            cur.execute(st.paused_at, [run_id])
+            row = cur.fetchone()
+            return True, row is not None and row[0] is not None
 
     def record_step(self, write: StepWrite) -> tuple[bool, bool]:
         """Write a step record if the claim still holds; return (whether it held, whether the lease was renewed).

@@ -159,6 +159,12 @@ class Statements:
         self._fenced = f"{r['id']} = %s AND {r['lease_fence']} = %s"
         self.fence_holds = f"SELECT 1 FROM {run} WHERE {self._fenced}"
         self.heartbeat = f"UPDATE {run} SET {r['lease_expires_at']} = {expiry} WHERE {self._fenced}"
+        # The keep-alive's renewal (D17): never of a lease given back meanwhile (its holder cleared).
+        self.keep_alive = (
+            f"UPDATE {run} SET {r['lease_expires_at']} = {expiry} "
+            f"WHERE {self._fenced} AND {r['lease_holder']} IS NOT NULL"
+        )
+        self.keep_alive_returning = f"{self.keep_alive} RETURNING {r['paused_at']}"
         self.update_step = f"UPDATE {step} SET {step_set} WHERE {s['run']} = %s AND {s['step']} = %s"
         self.insert_step = f"INSERT INTO {step} ({step_columns}) VALUES (%s, %s, %s, %s, %s, %s)"
         self.drop_ledger = f"DELETE FROM {step} WHERE {s['run']} = %s"

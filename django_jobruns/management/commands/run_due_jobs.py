@@ -104,8 +104,9 @@ class Command(ScheduledCommand):
             "--lease-ttl",
             type=seconds(7 * DAY, least=MIN_LEASE.total_seconds()),
             default=None,
-            help="lease length in seconds (default JOBRUNS['LEASE_TTL'], 300; at least 5, at most a week); "
-            "must outlast the longest step",
+            help="lease length in seconds (default JOBRUNS['LEASE_TTL'], 30; at least 5, at most a week): "
+            "how long a killed worker's runs wait before another drive takes them over; a live worker keeps "
+            "its leases alive however long a step runs",
         )
         parser.add_argument(
             "--job", action="append", dest="jobs", metavar="APP.NAME", help="drive only this job (repeatable)"

@@ -1,0 +1,144 @@
+"""Keep-alive: a claim's lease renewed while its pass's body runs (D17), and the pass's time limit (D19).
+
+A step's record renews the lease as it is written (D3), so a pass of short
+steps needs nothing more. A body that runs longer -- a step calling a slow
+upstream, a task, a handler between steps -- would outlive its lease and be
+taken over while it still runs. So every claim is *kept* from the moment it is
+taken until its last write: one thread per process renews each kept claim whose
+lease was last set a third of its length ago, in one fenced statement on a
+connection of its own (the body's connection is never touched from here), each
+statement bounded by the watchdog (D15).
+
+What a renewal finds is handed to the pass through the claim (D18,
+``p.stopping``): another fence (the run was cancelled or taken over) marks the
+claim lost; a pause marks it paused (renewals go on: a paused run's lease is
+still its holder's until the pass ends). A pass past its ``timeout`` is no
+longer renewed: its lease lapses one lease later and the run is taken over as
+after a kill, unless the body returns first, which is recorded as a failed
+attempt (:class:`~django_jobruns.exceptions.PassTimedOut`).
+
+A lease therefore lapses only when its holder stops renewing: the process was
+killed or stopped, its network cut, or its pass ran past its timeout.
+
+Cost: nothing while every body is shorter than a third of its lease (the step
+records renew it first); then one statement per third of a lease per body.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from django.db import DatabaseError
+
+from . import db, watchdog
+
+if TYPE_CHECKING:
+    from .claims import Claim
+
+logger = logging.getLogger("django_jobruns")
+
+_cond = threading.Condition()
+#: The claims kept alive now, by id.
+_kept: dict[int, Claim] = {}
+#: The keeper thread's process and when it next wakes (monotonic; ``inf``: when told).
+_state: dict[str, Any] = {"pid": None, "wake_at": float("inf")}
+#: How soon a renewal that failed is tried again.
+RETRY_SECONDS = 1.0
+_sent = [0]
+
+
+def renewals() -> int:
+    """How many renewals this process has sent (the keep-alive's load, for tests and benchmarks)."""
+    return _sent[0]
+
+
+def keep(claim: Claim) -> None:
+    """Renew ``claim``'s lease while it is held, until :func:`forget`."""
+    due = claim.next_renewal()
+    with _cond:
+        _kept[id(claim)] = claim
+        if _state["pid"] != os.getpid():
+            _state["pid"] = os.getpid()  # a new process (or a fork): its own thread
+            _state["wake_at"] = float("inf")
+            threading.Thread(target=_keep_alive, name="jobruns-keepalive", daemon=True).start()
+        if due < _state["wake_at"]:
+            _state["wake_at"] = due
+            _cond.notify()
+
+
+def forget(claim: Claim) -> None:
+    """Stop renewing ``claim`` (before its last write, or when it is lost or abandoned)."""
+    with _cond:
+        _kept.pop(id(claim), None)
+
+
+def kept(claim: Claim) -> bool:
+    with _cond:
+        return id(claim) in _kept
+
+
+def _keep_alive() -> None:
+    connected = False
+    while True:
+        with _cond:
+            while True:
+                now = time.monotonic()
+                due = [claim for claim in _kept.values() if claim.next_renewal() <= now]
+                if due:
+                    break
+                if connected:
+                    break  # nothing due: close the connection before a long wait
+                wake = min((claim.next_renewal() for claim in _kept.values()), default=float("inf"))
+                _state["wake_at"] = wake
+                _cond.wait(None if wake == float("inf") else wake - now)
+                _state["wake_at"] = float("inf")
+        if not due:
+            _close()
+            connected = False
+            continue
+        for claim in due:
+            if kept(claim):
+                renew(claim)
+                connected = True
+
+
+def _close() -> None:
+    try:
+        db.connection().close()
+    except Exception:
+        logger.debug("the keep-alive connection could not be closed", exc_info=True)
+
+
+def renew(claim: Claim) -> None:
+    """Renew one kept claim's lease, or say why not (lost, paused, past its timeout)."""
+    if claim.lost:
+        forget(claim)
+        return
+    if claim.past_timeout():
+        claim.time_out()
+        forget(claim)
+        return
+    bound = claim.ttl.total_seconds() / 3
+    _sent[0] += 1
+    try:
+        with watchdog.bounding(bound):
+            claim.keep_alive()
+    except DatabaseError as exc:
+        from .outcomes import summary
+
+        claim.renewal_failed(time.monotonic() + RETRY_SECONDS)
+        logger.warning(
+            "run %s: the lease's renewal failed (%s); again in %g s (%.1f s of the lease left)",
+            claim.run_id,
+            summary(exc),
+            RETRY_SECONDS,
+            claim.lease_left().total_seconds(),
+        )
+        db.replace_if_broken()
+    except Exception:
+        claim.renewal_failed(time.monotonic() + RETRY_SECONDS)
+        logger.exception("run %s: the lease's renewal failed", claim.run_id)
