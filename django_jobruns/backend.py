@@ -79,7 +79,7 @@ class JobRunsTaskContext(TaskContext):  # type: ignore[misc]
 
     @property
     def stopping(self) -> bool:
-        """Whether the task should end early (D18): cancelled, paused, lease lost, past its TIMEOUT, or the worker stopping."""
+        """Whether the task should end early (D18): cancelled, paused, lease lost, past TIMEOUT, worker stopping."""
         return bool(_current_pass.get().stopping)
 
 
@@ -249,9 +249,7 @@ def register_task_job(alias: str, options: dict[str, Any]) -> Job:
     """Register (or refresh) the internal job that runs the tasks of backend ``alias``."""
     retry = options.get("RETRY")
     lease, timeout = (_duration_or_none(options.get(key)) for key in ("LEASE_TTL", "TIMEOUT"))
-    return add(
-        Job(_run_task, module=TASKS_MODULE, name=alias, retry=retry, lease=lease, timeout=timeout), replace=True
-    )
+    return add(Job(_run_task, module=TASKS_MODULE, name=alias, retry=retry, lease=lease, timeout=timeout), replace=True)
 
 
 def _duration_or_none(value: Any) -> timedelta | None:

@@ -147,7 +147,7 @@ class Claim:
 
     @property
     def stopping(self) -> bool:
-        """Whether the pass in flight should end early (D18): lost, paused, past its timeout, lapsed, or its drive stopping."""
+        """Whether the pass in flight should end early (D18): lost, paused, timed out, lapsed, drive stopping."""
         return (
             self.lost
             or self.paused

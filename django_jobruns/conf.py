@@ -77,7 +77,9 @@ def duration(value: Any, name: str) -> timedelta:
             "than a database round trip under load lapses between its renewals"
         )
     if length > MAX_DURATION:
-        raise ValueError(f"{name} must be at most a week ({MAX_DURATION.total_seconds():g} seconds), got {value!r:.100}")
+        raise ValueError(
+            f"{name} must be at most a week ({MAX_DURATION.total_seconds():g} seconds), got {value!r:.100}"
+        )
     return length
 
 

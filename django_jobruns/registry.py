@@ -148,9 +148,7 @@ def job(
         if not callable(handler):
             raise TypeError(f"@job decorates a callable, got {handler!r}")
         module = _app_label_for(handler.__module__)
-        return add(
-            Job(handler, module=module, name=name or handler.__name__, retry=retry, lease=length, timeout=limit)
-        )
+        return add(Job(handler, module=module, name=name or handler.__name__, retry=retry, lease=length, timeout=limit))
 
     return register
 

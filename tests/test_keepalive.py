@@ -32,7 +32,8 @@ LEASE = 5
 def report_of(worker) -> dict:
     out, err = worker.communicate(timeout=120)
     assert worker.returncode == 0, err
-    return json.loads(out)
+    report: dict = json.loads(out)
+    return report
 
 
 def entered(fifo: Path) -> int:
