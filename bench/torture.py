@@ -4,7 +4,7 @@
     python bench/torture.py --db {sqlite,postgres,mysql} --workers W --runs R --kills K [--seed S]
         [--poison P] [--stalls N] [--stops N] [--skewed-workers N]
         [--partitions N] [--holds N] [--delays N] [--terminations N] [--statement-terminations N]
-        [--pgbouncer POOL] [--between-stalls N]
+        [--pgbouncer POOL] [--between-stalls N] [--long-steps N]
 
 W ``manage.py run_due_jobs`` processes drive R runs of a job with several steps
 per pass and several passes. K SIGKILLs land in all: some sent by this harness
@@ -22,6 +22,9 @@ it and deliver it late, sockets kept open; a clock reading delayed on one leg;
 the server ending a worker's connection at each kind of statement in turn;
 PgBouncer in transaction mode with its pool saturated; and on MariaDB workers
 stopped between the two statements of a fenced write, the run's row locked.
+And N runs whose step bodies each take two to three leases (``--long-steps``),
+kept alive while they run and checking ``p.stopping``: no two bodies of one
+run may overlap (counted from the bodies' own start and end rows).
 Every worker is a drive with a budget (``--max-seconds``): how long each took
 is checked against its budget plus one lease. The verdict comes from
 independent evidence -- an event table the job's step bodies write to and
@@ -190,6 +193,9 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--max-seconds", type=float, default=4.0, help="the longest budget a worker's drive gets")
     parser.add_argument(
+        "--long-steps", type=int, default=0, help="runs whose step bodies take 2-3 leases each (keep-alive)"
+    )
+    parser.add_argument(
         "--delays", type=int, default=0, help="PostgreSQL: workers whose clock reading is delayed on one leg"
     )
     parser.add_argument(
@@ -267,6 +273,7 @@ class Harness:
             "PYTHONPATH": str(ROOT),
             "TORTURE_STEP_SECONDS": str(args.step_seconds),
             "TORTURE_POISON_ATTEMPTS": str(args.poison_attempts),
+            "TORTURE_LEASE_TTL": str(args.lease_ttl),
             # A worker that outlives SIGTERM is ended with SIGABRT, which prints where it was.
             "PYTHONFAULTHANDLER": "1",
         }
@@ -338,6 +345,8 @@ class Harness:
             )
         for n in range(self.args.poison):
             start_job_run("torture.poison", instance=f"poison{n}")
+        for n in range(self.args.long_steps):
+            start_job_run("torture.long_walk", instance=f"long{n}", payload={"passes": 2, "steps": 1})
         # A quarter of the kills each inside a step body, between an effect and
         # its memo, and in a commit; the rest sent from here at random moments.
         per_point = self.args.kills // 4
@@ -813,6 +822,9 @@ class Harness:
             )
             events = cur.fetchall()
         poison = {run.id: run for run in JobRun.objects.filter(job="poison", module="torture")}
+        # The long steps' bodies, by run: (start event, end event or None, pid).
+        bodies: dict[str, list[list[Any]]] = defaultdict(list)
+        stopped_pids = {proc.pid for proc in self.ever_stopped}
         poison_bodies: dict[str, int] = defaultdict(int)
         live_taken = lapsed_steps = 0
         effects: dict[tuple[str, str], list[int]] = defaultdict(list)
@@ -831,6 +843,15 @@ class Harness:
                 live_taken += 1
             if kind == "effect" and note == "lapsed":
                 lapsed_steps += 1
+            if kind == "body_start":
+                bodies[run_id].append([event_id, None, pid])
+                continue
+            if kind == "body_end":
+                for body in reversed(bodies[run_id]):
+                    if body[2] == pid and body[1] is None:
+                        body[1] = event_id
+                        break
+                continue
             if run_id in poison:
                 if kind == "effect":
                     poison_bodies[run_id] += 1
@@ -868,6 +889,17 @@ class Harness:
             for (_, end, pid), (start, _, other) in zip(passes, passes[1:], strict=False):
                 if start < end and pid != other:
                     overlapping += 1
+        # Two bodies of one run that overlap: a live holder's run taken over. A body
+        # with no end was killed (it ended then, unseen), so it ends at the next
+        # body's start at the latest. A worker stopped with SIGSTOP was not live
+        # while stopped: on SIGCONT its body sees p.stopping within one check.
+        overlapping_bodies = 0
+        for spans in bodies.values():
+            spans.sort()
+            for (_, end, pid), (later, _, other) in zip(spans, spans[1:], strict=False):
+                if end is not None and later < end and pid != other and pid not in stopped_pids:
+                    overlapping_bodies += 1
+        long_runs = list(JobRun.objects.filter(job="long_walk", module="torture"))
         repeated = at_least_once = 0
         for key, ids in effects.items():
             memo = memos.get(key)
@@ -901,6 +933,8 @@ class Harness:
         if self.args.db == "sqlite":
             over = []
         allowance = self.args.lease_ttl + max(0.0, CONNECT_FLOOR - self.args.lease_ttl / 2)
+        if self.args.long_steps:
+            allowance += 1.0  # a long body sees the budget spent (p.stopping) within a check, and fails its step
         past_budget = sum(excess > allowance for excess in over)
         # A run whose holder stopped between two statements (its row locked) is
         # free to take once its lease and the statement bound (lease / 2) have
@@ -942,6 +976,9 @@ class Harness:
             "kills_by_point": {"external": self.external_kills, **self.self_kills()},
             "runs": self.args.runs,
             "done": sum(r.status == "done" for r in runs),
+            "long_done": sum(r.status == "done" for r in long_runs),
+            "long_bodies": sum(len(spans) for spans in bodies.values()),
+            "overlapping_live_bodies": overlapping_bodies,
             "repeated_committed_steps": repeated,
             "overlapping_holders": overlapping,
             "cursor_regressions": regressions,
@@ -998,6 +1035,8 @@ def main() -> int:
         and result["steps_on_lapsed_lease"] == 0
         and result["repeated_committed_steps"] == 0
         and result["overlapping_holders"] == 0
+        and result["overlapping_live_bodies"] == 0
+        and result["long_done"] == args.long_steps
         and result["cursor_regressions"] == 0
         and result["counters_exact"] == "yes"
         and result["drives_past_budget_plus_lease"] == 0
@@ -1029,7 +1068,13 @@ def main() -> int:
         f" between_stalls={result['between_stalls']} frozen_runs={result['frozen_runs']}"
         f" stalled_holders_probed={result['stalled_holders_probed']}"
         f" longest_takeover_after_stall={result['longest_takeover_after_stall']}s"
-        f" drives={result['drives_measured']} drives_past_budget_plus_lease={result['drives_past_budget_plus_lease']}"
+        + (
+            f" long_steps={args.long_steps} long_done={result['long_done']} long_bodies={result['long_bodies']}"
+            f" overlapping_live_bodies={result['overlapping_live_bodies']}"
+            if args.long_steps
+            else ""
+        )
+        + f" drives={result['drives_measured']} drives_past_budget_plus_lease={result['drives_past_budget_plus_lease']}"
         f" longest_drive_past_budget={result['longest_drive_past_budget']}s"
     )
     return 0 if ok else 1

@@ -93,6 +93,44 @@ def walk(p: Any) -> dict[str, Any]:
     return {"cursor": following, "done": following >= p.payload["passes"]}
 
 
+class StoppedEarly(Exception):
+    """A long step's body asked to stop (``p.stopping``) before its work was done."""
+
+
+@job(retry=RetryPolicy(max_attempts=1000, base_delay=0, jitter=0))
+def long_walk(p: Any) -> dict[str, Any]:
+    """Steps whose bodies run 2-3 leases, checking ``p.stopping`` as a long loop would (D17, D18).
+
+    Each body's start and end are events of their own, in the order the
+    database received them: two bodies of one run must never overlap.
+    """
+    position = p.cursor or 0
+    steps = p.payload["steps"]
+    lease = float(os.environ.get("TORTURE_LEASE_TTL", "5"))
+    CURRENT["run"] = p.run.id
+    _event("pass", p.run.id)
+    for index in range(steps):
+        name = f"long-p{position}-s{index}"
+
+        def body(name: str = name) -> str:
+            maybe_die("step")
+            _event("effect", p.run.id, name)
+            _event("body_start", p.run.id, name)
+            until = time.monotonic() + random.uniform(2.0, 3.0) * lease  # the slow upstream call
+            while time.monotonic() < until:
+                if p.stopping:
+                    _event("body_end", p.run.id, name)
+                    raise StoppedEarly(f"{name} stopped early")
+                time.sleep(0.05)
+            _event("body_end", p.run.id, name)
+            maybe_die("effect")
+            return name
+
+        p.step(name, body)
+    following = position + 1
+    return {"cursor": following, "done": following >= p.payload["passes"]}
+
+
 #: How many attempts a poison run gets: every one of its passes kills its worker.
 POISON_ATTEMPTS = int(os.environ.get("TORTURE_POISON_ATTEMPTS", "3"))
 
