@@ -38,10 +38,12 @@ from datetime import timedelta
 from typing import Any
 
 from . import keepalive, outcomes, signals, transitions
+from .conf import MIN_LEASE
 from .db import Clock
 from .exceptions import InvalidDriveOptions, LeaseLost, PassTimedOut, StepResultUnstorable
 from .models import JobRun
 from .outcomes import LOST, TRANSIENT, Outcome, PassOutcome
+from .registry import Job
 from .store import ClaimedRow, Committed, DueRow, Expiry, StepWrite, store
 
 logger = logging.getLogger("django_jobruns")
@@ -79,6 +81,10 @@ def holder_name(value: Any) -> str:
     return value
 
 
+#: The shortest timeout (and lease) there is, in seconds.
+_SHORTEST = MIN_LEASE.total_seconds()
+
+
 @dataclass
 class Claim:
     """A worker's hold on one run, from :meth:`take` to its release or its final write."""
@@ -110,7 +116,9 @@ class Claim:
     kept_at: float = field(default_factory=time.monotonic)
     #: When a renewal that failed is tried again (monotonic), else ``None``.
     retry_at: float | None = None
-    #: The pass in flight's timeout, and when it runs out (monotonic).
+    #: The pass in flight: its job, when it began (monotonic), its timeout and when that runs out.
+    job: Job | None = None
+    began: float | None = None
     timeout: timedelta | None = None
     deadline: float | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -160,13 +168,25 @@ class Claim:
     # -- keep-alive (D17) and the pass's timeout (D19) ----------------------------
 
     def next_renewal(self) -> float:
-        """When (monotonic) the keep-alive looks at this claim next: a third of the lease after it was set."""
+        """When (monotonic) the keep-alive looks at this claim next: a third of the lease after it was set.
+
+        Or sooner: a renewal that failed is tried again, and a pass's timeout is
+        looked at when it runs out (read the first time the keep-alive looks).
+        """
         at = self.kept_at + self.ttl.total_seconds() / 3
         if self.retry_at is not None:
             at = min(at, self.retry_at)
-        if self.deadline is not None and not self.timed_out:
-            at = min(at, self.deadline)
+        if self.began is not None and not self.timed_out:
+            # No timeout is shorter than the shortest lease: look then, when the deadline is read.
+            at = min(at, self.deadline if self.deadline is not None else self.began + _SHORTEST)
         return at
+
+    def renewal_due(self) -> bool:
+        """Whether the lease was set a third of it ago, or a failed renewal is to be tried again."""
+        now = time.monotonic()
+        return now >= self.kept_at + self.ttl.total_seconds() / 3 or (
+            self.retry_at is not None and now >= self.retry_at
+        )
 
     def keep_alive(self) -> None:
         """Renew the lease in one fenced statement; mark the claim lost or paused if the renewal says so."""
@@ -192,18 +212,24 @@ class Claim:
         with self._lock:
             self.retry_at = retry_at
 
-    def begin_pass(self, timeout: timedelta) -> None:
-        """A pass starts: it may run ``timeout``, renewed all the while (D19)."""
-        self.timeout = timeout
-        self.deadline = time.monotonic() + timeout.total_seconds()
-        if not self.lost:
-            keepalive.keep(self)  # the keep-alive wakes for the deadline too
+    def begin_pass(self, job: Job) -> None:
+        """A pass of ``job`` starts: it may run ``job.timeout``, renewed all the while (D19)."""
+        self.job, self.began, self.deadline = job, time.monotonic(), None
 
     def end_pass(self) -> None:
-        self.deadline = None
+        self.began = None
 
     def past_timeout(self) -> bool:
-        return self.deadline is not None and time.monotonic() >= self.deadline
+        """Whether the pass in flight has run past its job's timeout (its deadline read once, when first asked)."""
+        if self.began is None:
+            return False
+        if self.deadline is None:
+            if time.monotonic() - self.began < _SHORTEST:
+                return False  # no timeout is shorter: the settings are not read for a short pass
+            assert self.job is not None
+            self.timeout = self.job.timeout
+            self.deadline = self.began + self.timeout.total_seconds()
+        return time.monotonic() >= self.deadline
 
     def time_out(self) -> None:
         """The pass ran past its timeout: no more renewals; the lease lapses and the run is taken over (D19)."""

@@ -397,7 +397,7 @@ def _run_pass(
     p: Pass | None = None
     if ledger is None:
         ledger = load_ledger(run.id)  # bookkeeping: a failure here is the drive's, not the job's
-    claim.begin_pass(job.timeout)
+    claim.begin_pass(job)
     try:
         p = Pass(run, job, claim, ledger)
         p._telemetry = telemetry
