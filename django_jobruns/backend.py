@@ -15,6 +15,7 @@ import contextvars
 import importlib
 import json
 import logging
+import re
 import traceback
 from collections.abc import Callable, Iterable
 from datetime import timedelta
@@ -22,15 +23,25 @@ from inspect import iscoroutinefunction
 from typing import Any
 
 from django.core import checks
+from django.db import transaction
 from django.utils.dateparse import parse_datetime
 from django.utils.module_loading import import_string
 
 from . import db, telemetry
 from .conf import duration
-from .exceptions import GiveUp
-from .models import TASKS_MODULE, JobAttempt, JobRun, Status, new_run_id
+from .exceptions import GiveUp, StoppedReporting, TaskNotImportable, TaskValueUnstorable
 from .registry import Job, add, lookup
 from .retry import RetryPolicy
+
+# No model is imported here at import time: a project that names this backend in
+# TASKS without the app in INSTALLED_APPS must get the check that says so
+# (jobruns.E010), not a traceback from every command.
+#: The app label of the internal jobs that run tasks (``models.TASKS_MODULE``; repeated, not imported).
+TASKS_MODULE = "django_jobruns_tasks"
+#: The options this backend reads from ``TASKS[alias]["OPTIONS"]``.
+OPTIONS = ("RETRY", "LEASE_TTL", "TIMEOUT")
+#: What a result id looks like: a ULID, as the runs' ids are (uppercase Crockford base 32).
+_ULID = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}")
 
 
 def _framework(name: str) -> Any:
@@ -40,6 +51,19 @@ def _framework(name: str) -> Any:
     except ImportError:
         return importlib.import_module(f"django_tasks{name}")
 
+
+def _normalizer() -> Callable[[Any], Any]:
+    """How Django's own backends store arguments and return values: Django 6's, else the backport's."""
+    for module in ("django.utils.json", "django_tasks.utils"):
+        try:
+            found: Callable[[Any], Any] = importlib.import_module(module).normalize_json
+        except (ImportError, AttributeError):
+            continue
+        return found
+    raise ImportError("neither django.utils.json nor django_tasks.utils has normalize_json")
+
+
+normalize_json = _normalizer()
 
 _base = _framework(".base")
 _exceptions = _framework(".exceptions")
@@ -55,6 +79,7 @@ TaskResultDoesNotExist: Any = _exceptions.TaskResultDoesNotExist
 task_enqueued: Any = _signals.task_enqueued
 task_started: Any = _signals.task_started
 task_finished: Any = _signals.task_finished
+task_backends: Any = _framework("").task_backends
 
 logger = logging.getLogger("django_jobruns")
 
@@ -72,7 +97,21 @@ class JobRunsTaskContext(TaskContext):  # type: ignore[misc]
     """
 
     def step(self, name: str, fn: Callable[[], Any], *, retry: RetryPolicy | None = None) -> Any:
+        if _in_event_loop():
+            raise TypeError(
+                f"context.step({name!r}, ...) was called in an async task: use `await context.astep(name, fn)`, "
+                "which records the step from the worker's own thread"
+            )
         return _current_pass.get().step(name, fn, retry=retry)
+
+    async def astep(self, name: str, fn: Callable[[], Any], *, retry: RetryPolicy | None = None) -> Any:
+        """``step`` for an ``async def`` task: ``fn`` a coroutine function or a plain one, run once for the task."""
+        from asgiref.sync import async_to_sync, sync_to_async
+
+        p = _current_pass.get()
+        body = async_to_sync(fn) if iscoroutinefunction(fn) else fn
+        # The step's records are written on the worker's own thread and connection (the pass's).
+        return await sync_to_async(p.step, thread_sensitive=True)(name, body, retry=retry)
 
     def count(self, name: str, by: int | float = 1) -> None:
         _current_pass.get().count(name, by)
@@ -81,6 +120,21 @@ class JobRunsTaskContext(TaskContext):  # type: ignore[misc]
     def stopping(self) -> bool:
         """Whether the task should end early (D18): cancelled, paused, lease lost, past TIMEOUT, worker stopping."""
         return bool(_current_pass.get().stopping)
+
+
+def _in_event_loop() -> bool:
+    import asyncio
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _json_form(value: Any) -> Any:
+    """``value`` as Django's own backends store it (``normalize_json``), then through JSON: what a result reads."""
+    return json.loads(json.dumps(normalize_json(value), allow_nan=False))
 
 
 class JobRunsBackend(BaseTaskBackend):  # type: ignore[misc]
@@ -99,14 +153,15 @@ class JobRunsBackend(BaseTaskBackend):  # type: ignore[misc]
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         self.validate_task(task)
-        args, kwargs = list(args), dict(kwargs)
-        for name, value in (("args", args), ("kwargs", kwargs)):
+        values = []
+        for name, value in (("args", list(args)), ("kwargs", dict(kwargs))):
             try:
-                json.dumps(value, allow_nan=False)
-            except (TypeError, ValueError) as exc:
+                values.append(_json_form(value))  # normalized as Django's own backends do
+            except (TypeError, ValueError, RecursionError) as exc:
                 raise TypeError(
                     f"the task's {name} must be JSON ({exc}): {task.module_path} was not enqueued"
                 ) from None
+        args, kwargs = values
         payload = {
             "task": task.module_path,
             "args": args,
@@ -122,10 +177,13 @@ class JobRunsBackend(BaseTaskBackend):  # type: ignore[misc]
 
         notify_due()
         result = self._result(run, task, [])
-        task_enqueued.send(type(self), task_result=result)
+        # Sent when the enqueue commits: a task whose transaction rolls back was never enqueued.
+        transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result), using=db.alias())
         return result
 
-    def _insert(self, task: Task, payload: dict[str, Any], trace_context: str | None) -> JobRun:
+    def _insert(self, task: Task, payload: dict[str, Any], trace_context: str | None) -> Any:
+        from .models import JobRun, new_run_id
+
         now = db.now()
         run_id = new_run_id()
         run = JobRun(
@@ -148,22 +206,30 @@ class JobRunsBackend(BaseTaskBackend):  # type: ignore[misc]
     # -- results ---------------------------------------------------------------
 
     def get_result(self, result_id: str) -> TaskResult:
+        from .models import JobAttempt, JobRun
+
         run = None
-        if isinstance(result_id, str) and len(result_id) == 26:
+        # A ULID, exactly: no database sees a NUL, and a lowercase id is not found on MariaDB alone.
+        if isinstance(result_id, str) and _ULID.fullmatch(result_id):
             run = JobRun.objects.using(db.alias()).filter(pk=result_id, module=TASKS_MODULE, job=self.alias).first()
         if run is None:
             raise TaskResultDoesNotExist(result_id)
-        attempts = list(JobAttempt.objects.using(db.alias()).filter(run_id=run.id).order_by("number"))
+        attempts = list(JobAttempt.objects.using(db.alias()).filter(run_id=run.id).order_by("number", "id"))
         return self._result(run, task_of(run, self.alias), attempts)
 
-    def _result(self, run: JobRun, task: Task, attempts: list[JobAttempt]) -> TaskResult:
+    def _result(self, run: Any, task: Task, attempts: list[Any]) -> TaskResult:
+        from .models import Status
+
         payload = run.payload_value if isinstance(run.payload_value, dict) else {}
-        errors = [
-            TaskError(exception_class_path=a.error_class, traceback=a.traceback or "")
-            for a in attempts
-            if a.error_class
-        ]
         status = _status(run)
+        finished = run.status != Status.RUNNING
+        errors = []
+        for index, a in enumerate(attempts):
+            if a.error_class:
+                errors.append(TaskError(exception_class_path=a.error_class, traceback=a.traceback or ""))
+            elif a.ended_at is None and (finished or index < len(attempts) - 1):
+                # Never ended, and another attempt came (or the run ended): its worker died.
+                errors.append(_stopped_reporting(a.holder))
         if run.status == Status.CANCELLED:
             errors.append(
                 TaskError(
@@ -171,6 +237,10 @@ class JobRunsBackend(BaseTaskBackend):  # type: ignore[misc]
                     traceback=run.last_error or "cancelled",
                 )
             )
+        elif status == TaskResultStatus.FAILED and not errors:
+            # A failure no attempt recorded (a takeover that spent the policy): the run's own error.
+            text = run.last_error or ""
+            errors.append(TaskError(exception_class_path=_class_path_of(text), traceback=text))
         result = TaskResult(
             task=task,
             id=run.id,
@@ -198,8 +268,15 @@ class JobRunsBackend(BaseTaskBackend):  # type: ignore[misc]
         if not apps.is_installed("django_jobruns"):
             yield checks.Error(
                 f"the tasks backend {self.alias!r} needs the django_jobruns app",
-                hint="add 'django_jobruns' (and 'rangefilter') to INSTALLED_APPS",
+                hint="add 'django_jobruns' (and 'rangefilter') to INSTALLED_APPS, then run migrate",
                 id="jobruns.E010",
+            )
+        unknown = sorted(set(self.options) - set(OPTIONS))
+        if unknown:
+            yield checks.Error(
+                f"TASKS[{self.alias!r}]['OPTIONS'] has unknown key(s) {', '.join(map(repr, unknown))}; "
+                f"known: {', '.join(OPTIONS)}",
+                id="jobruns.E013",
             )
         retry = self.options.get("RETRY")
         if retry is not None and not isinstance(retry, RetryPolicy):
@@ -214,7 +291,28 @@ class JobRunsBackend(BaseTaskBackend):  # type: ignore[misc]
                     yield checks.Error(str(exc), id="jobruns.E012")
 
 
-def _status(run: JobRun) -> Any:
+def _stopped_reporting(holder: str) -> Any:
+    from .outcomes import stopped_reporting
+
+    path = f"{StoppedReporting.__module__}.{StoppedReporting.__qualname__}"
+    return TaskError(exception_class_path=path, traceback=stopped_reporting(holder))
+
+
+def _class_path_of(error: str | None) -> str:
+    """The exception class a run's ``last_error`` names, as a dotted path (the engine's own base, if none)."""
+    from . import exceptions
+
+    if error and error.startswith("the pass under holder"):
+        return f"{StoppedReporting.__module__}.{StoppedReporting.__qualname__}"
+    for name in ("PassTimedOut", "GiveUp", "TaskValueUnstorable"):
+        if error and name in error.split("\n", 1)[0]:
+            return f"{exceptions.__name__}.{name}"
+    return f"{exceptions.__name__}.JobRunsError"
+
+
+def _status(run: Any) -> Any:
+    from .models import Status
+
     if run.status == Status.DONE:
         return TaskResultStatus.SUCCESSFUL
     if run.status in (Status.FAILED, Status.CANCELLED):
@@ -229,7 +327,7 @@ def _unimportable(*args: Any, **kwargs: Any) -> None:
     raise ImportError("the task's function cannot be imported")
 
 
-def task_of(run: JobRun, alias: str) -> Task:
+def task_of(run: Any, alias: str) -> Task:
     """The ``Task`` a task run was enqueued as (its function imported by its module path)."""
     payload = run.payload_value if isinstance(run.payload_value, dict) else {}
     try:
@@ -239,7 +337,10 @@ def task_of(run: JobRun, alias: str) -> Task:
     if not isinstance(found, Task):
         found = Task(func=_unimportable, backend=alias)
     run_after = parse_datetime(payload["run_after"]) if payload.get("run_after") else None
-    return found.using(priority=run.priority, queue_name=run.queue_name or found.queue_name, run_after=run_after)
+    queue_name = run.queue_name or found.queue_name
+    if alias in task_backends and alias != found.backend:
+        return found.using(backend=alias, priority=run.priority, queue_name=queue_name, run_after=run_after)
+    return found.using(priority=run.priority, queue_name=queue_name, run_after=run_after)
 
 
 # -- the internal job: running one task as one pass ------------------------------
@@ -247,7 +348,7 @@ def task_of(run: JobRun, alias: str) -> Task:
 
 def register_task_job(alias: str, options: dict[str, Any]) -> Job:
     """Register (or refresh) the internal job that runs the tasks of backend ``alias``."""
-    retry = options.get("RETRY")
+    retry = options.get("RETRY") if isinstance(options.get("RETRY"), RetryPolicy) else None
     lease, timeout = (_duration_or_none(options.get(key)) for key in ("LEASE_TTL", "TIMEOUT"))
     return add(Job(_run_task, module=TASKS_MODULE, name=alias, retry=retry, lease=lease, timeout=timeout), replace=True)
 
@@ -272,20 +373,30 @@ def register_configured_backends() -> None:
 
 
 def _run_task(p: Any) -> dict[str, Any]:
-    """One pass of a task run: import the function, call it, hand back its return value as the final cursor."""
+    """One pass of a task run: import the function, call it, hand back its return value as the final cursor.
+
+    The value is stored as Django's own backends store it (``normalize_json``); one with no JSON
+    form fails the task at once, its body having run once. The attempt's record is written under
+    the claim's fence, so a worker that lost its lease records and signals nothing.
+    """
+    from .models import JobAttempt
+
     run_id, alias = p.run.id, p.run.job
     payload = p.payload if isinstance(p.payload, dict) else {}
     path = payload.get("task", "")
-    attempt = _Attempt(run_id, p.attempt)
-    attempt.begin(p.holder)
     try:
         task = import_string(path)
-        if not isinstance(task, Task):
-            raise TypeError(f"{path!r} is not a task (decorate it with @task)")
-    except (ImportError, ValueError, TypeError) as exc:
-        attempt.end(exc)
-        raise GiveUp(f"the task {path!r} cannot be run: {exc}") from None
-    backend = task.get_backend() if task.backend == alias else None
+    except (ImportError, ValueError) as exc:
+        # A rolling deploy: newer code enqueued it, this worker runs older code. Not a failure of the
+        # task: stepped over and named, and a worker that can import it runs it.
+        raise TaskNotImportable(f"the task {path!r} cannot be imported here ({exc})") from None
+    attempt = _Attempt(run_id, p.attempt, p._claim.fence)
+    attempt.begin(p.holder)
+    if not isinstance(task, Task):
+        error = TypeError(f"{path!r} is not a task (decorate it with @task)")
+        attempt.end(error)
+        raise GiveUp(f"the task {path!r} cannot be run: {error}")
+    backend = task_backends[alias] if alias in task_backends else None
     sender = type(backend) if backend is not None else JobRunsBackend
     takes_context = bool(payload.get("takes_context"))
     signalled = task_started.has_listeners(sender) or task_finished.has_listeners(sender)
@@ -308,20 +419,27 @@ def _run_task(p: Any) -> dict[str, Any]:
         if iscoroutinefunction(task.func):
             from asgiref.sync import async_to_sync
 
-            value = async_to_sync(task.func)(*args, **kwargs)
+            raw = async_to_sync(task.func)(*args, **kwargs)
         else:
-            value = task.func(*args, **kwargs)
-        json.dumps(value, allow_nan=False)  # a return value that cannot be stored fails the task here
+            raw = task.func(*args, **kwargs)
+        try:
+            value = _json_form(raw)
+        except (TypeError, ValueError, RecursionError) as exc:
+            # Permanent: no retry gives the value a JSON form, and a retry would repeat the body's effects.
+            attempt.end(exc)
+            raise TaskValueUnstorable(f"the task's return value has no JSON form: {exc}") from exc
+        from .queue_safety import dump_queue_safe
+
+        dump_queue_safe(value, "return value")  # the stored form's bounds (depth, integers, size)
+        p._claim.check_timeout()  # a task that ran past its TIMEOUT is a failed attempt (D19)
     except BaseException as exc:
-        attempt.end(exc)
-        if result is not None:
+        if attempt.end(exc) and result is not None:
             object.__setattr__(result, "status", TaskResultStatus.FAILED)
             task_finished.send(sender, task_result=result)
         raise
     finally:
         _current_pass.reset(token)
-    attempt.end(None)
-    if result is not None:
+    if attempt.end(None) and result is not None:
         object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
         object.__setattr__(result, "_return_value", value)
         task_finished.send(sender, task_result=result)
@@ -329,14 +447,26 @@ def _run_task(p: Any) -> dict[str, Any]:
 
 
 class _Attempt:
-    """A task run's attempt record, written as the pass begins and as it ends (one statement each, autocommit)."""
+    """A task run's attempt record, written as the pass begins and as it ends, under the claim's fence.
 
-    def __init__(self, run_id: str, number: int) -> None:
-        self.run_id, self.number = run_id, number
+    One statement each (autocommit); each writes only while the run's fence is the claim's, so a
+    worker whose run was taken over adds nothing to the record of the one that took it.
+    """
+
+    def __init__(self, run_id: str, number: int, fence: int) -> None:
+        from .models import JobAttempt, JobRun
+
+        self.run_id, self.number, self.fence = run_id, number, fence
         wrapper = db.connection()
         q = wrapper.ops.quote_name
         self.table = q(JobAttempt._meta.db_table)
+        self.fenced = (
+            f"EXISTS (SELECT 1 FROM {q(JobRun._meta.db_table)} WHERE {q('id')} = %s AND {q('lease_fence')} = %s)"
+        )
+        self.run_table = q(JobRun._meta.db_table)
         self.q = q
+        self.ended = False
+        self.held = False
 
     def begin(self, holder: str) -> None:
         q, wrapper = self.q, db.connection()
@@ -345,11 +475,15 @@ class _Attempt:
         with wrapper.cursor() as cur:
             cur.execute(
                 f"INSERT INTO {self.table} ({q('run_id')}, {q('number')}, {q('holder')}, {q('started_at')}) "
-                "VALUES (%s, %s, %s, %s)",
-                [self.run_id, self.number, holder, now],
+                f"SELECT %s, %s, %s, %s FROM {self.run_table} WHERE {q('id')} = %s AND {q('lease_fence')} = %s",
+                [self.run_id, self.number, holder, now, self.run_id, self.fence],
             )
 
-    def end(self, exc: BaseException | None) -> None:
+    def end(self, exc: BaseException | None) -> bool:
+        """Record how the attempt ended (the first time asked); return whether the claim held (it was written)."""
+        if self.ended:
+            return self.held
+        self.ended = True
         q, wrapper = self.q, db.connection()
         now = wrapper.ops.adapt_datetimefield_value(db.now())
         error = traceback_text = None
@@ -359,6 +493,8 @@ class _Attempt:
         with wrapper.cursor() as cur:
             cur.execute(
                 f"UPDATE {self.table} SET {q('ended_at')} = %s, {q('error_class')} = %s, {q('traceback')} = %s "
-                f"WHERE {q('run_id')} = %s AND {q('number')} = %s AND {q('ended_at')} IS NULL",
-                [now, error, traceback_text, self.run_id, self.number],
+                f"WHERE {q('run_id')} = %s AND {q('number')} = %s AND {q('ended_at')} IS NULL AND {self.fenced}",
+                [now, error, traceback_text, self.run_id, self.number, self.run_id, self.fence],
             )
+            self.held = bool(cur.rowcount >= 1)
+        return self.held

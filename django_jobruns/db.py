@@ -17,12 +17,19 @@ from typing import Any, Protocol
 from django.db import connections, router
 from django.utils import timezone
 
-from .models import JobRun
+# The model is resolved on first use, not at import: the Tasks backend imports
+# this module while Django loads TASKS, before the app registry may be ready
+# (or before it holds this app at all, which a check must be free to say).
+_model: list[Any] = []
 
 
 def alias() -> str:
     """The alias the router names for writing ``JobRun`` (``"default"`` without a router)."""
-    return router.db_for_write(JobRun) or "default"
+    if not _model:
+        from .models import JobRun
+
+        _model.append(JobRun)
+    return router.db_for_write(_model[0]) or "default"
 
 
 def connection() -> Any:

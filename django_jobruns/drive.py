@@ -27,14 +27,23 @@ from .claims import Claim, Claimed, default_holder, holder_name
 from .exceptions import DatabaseReadOnly, DriveInTransaction, InvalidDriveOptions
 from .models import JobRun, Status
 from .options import DriveOptions, StopSignal, drive_clock, lease_length, positive_int
-from .outcomes import TRANSIENT, Outcome, summary
+from .outcomes import TRANSIENT, UNREGISTERED_WARNING, Outcome, summary
 from .passes import PassObserver as PassObserver  # the drive's hook for testing tools
 from .passes import load_ledger, observing, run_pass
 from .registry import Job, lookup
 from .report import Count, DriveReport
 from .store import DueRow, store
 
-__all__ = ["DriveOptions", "DriveReport", "PassObserver", "default_holder", "drive_run", "observing", "run_due_jobs"]
+__all__ = [
+    "UNREGISTERED_WARNING",
+    "DriveOptions",
+    "DriveReport",
+    "PassObserver",
+    "default_holder",
+    "drive_run",
+    "observing",
+    "run_due_jobs",
+]
 
 logger = logging.getLogger("django_jobruns")
 
@@ -210,6 +219,8 @@ def due_rows(
     The filter stays in Python so the read is a plain range of the due index.
     """
     wanted = {entry.key for entry in jobs}
+    # Runs this drive already stepped over (a task it cannot import): looked at once per drive.
+    stepped = {run_id for ids in report.unregistered_runs.values() for run_id in ids}
     found: list[DueRow] = []
     unregistered: list[DueRow] = []
     scanned = 0
@@ -223,6 +234,8 @@ def due_rows(
         for row in batch:
             if queues is not None and row.queue_name is not None and row.queue_name not in queues:
                 continue  # a task of a queue this drive does not work
+            if row.id in stepped:
+                continue
             if (row.module, row.job) in wanted:
                 found.append(row)
             elif lookup(row.module, row.job) is None:
@@ -233,10 +246,6 @@ def due_rows(
     if unregistered:
         _say_unregistered(unregistered, report)
     return found[:limit]
-
-
-#: The start of the warning a run whose job is not registered gets (the admin marks such runs by it).
-UNREGISTERED_WARNING = "job not registered"
 
 
 def marked_unregistered() -> Q:
@@ -448,6 +457,9 @@ class _Drive:
         for number in range(1, max_passes + 1):
             last = number == max_passes or self.stopping()
             outcome = run_pass(run, job, claim, release=last, ledger=ledger, telemetry=self.telemetry)
+            if outcome.status is Outcome.STEPPED_OVER:
+                self._stepped_over(run, outcome)
+                return True
             self.report.record(run.id, outcome)
             if claim.timed_out:
                 self.report.add(Count.TIMED_OUT)
@@ -461,6 +473,17 @@ class _Drive:
                 return False  # paused by an operator meanwhile: give it back (in ``finally``)
             ledger = {}  # the commit dropped it
         return False
+
+    def _stepped_over(self, run: JobRun, outcome: Any) -> None:
+        """Count and name a run this process gave back untouched (a task it cannot import), once per drive."""
+        label = run.title
+        with self.report._lock:
+            seen = self.report.unregistered_runs.setdefault(label, set())
+            first = not seen
+            seen.add(run.id)
+        self.report.record(run.id, outcome)
+        if first:
+            logger.warning("due run(s) of %s are not driven: %s; e.g. run %s", label, outcome.error, run.id)
 
     def release(self, claim: Claim) -> None:
         """Give the lease back; a connection lost under it is replaced and the release made again (D15).

@@ -108,6 +108,29 @@ class PassTimedOut(JobRunsError):
     """A pass ran past its timeout (``@job(timeout=...)``): recorded as a failed attempt, retried by the policy."""
 
 
+class StepOver(JobRunsError):
+    """Raised by a handler: this process cannot work the run; give it back untouched and name it (D1)."""
+
+
+class TaskNotImportable(StepOver):
+    """A task run's function cannot be imported here (a worker still on older code in a rolling deploy).
+
+    The run is stepped over and named, as a run of an unregistered job is, never failed: a worker that
+    can import it runs it.
+    """
+
+
+class StoppedReporting(JobRunsError):
+    """A pass stopped reporting (its worker was killed, stopped or cut off) and its lease lapsed (D10).
+
+    What a task result's errors name for such an attempt.
+    """
+
+
+class TaskValueUnstorable(JobRunsError, TypeError):
+    """A task's return value has no JSON form (Django's ``normalize_json`` refuses it): the task fails at once."""
+
+
 class UndecodableRun(JobRunsError):
     """A run's stored payload, cursor or counters cannot be decoded; its pass fails."""
 

@@ -175,6 +175,12 @@ class JobRun(models.Model):
         payload = self.payload_value if self.is_task else None
         return payload.get("task") if isinstance(payload, dict) else None
 
+    @property
+    def title(self) -> str:
+        """What logs and operators call the run's work: a task's module path, else ``"app_label.job"``."""
+        path = self.task_path if self.is_task else None
+        return path if isinstance(path, str) and path else f"{self.module}.{self.job}"
+
     # The JSON fields are stored as text (a hand-edited row that does not parse
     # must still be readable); these give them decoded, ``None`` where absent
     # or unreadable.

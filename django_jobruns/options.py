@@ -121,6 +121,7 @@ def drive_clock(value: Any) -> db.Clock:
 
 
 def _queues(value: Any) -> frozenset[str] | None:
+    """The task queues a drive works: ``None`` or ``"*"`` for every queue; each name one some backend has."""
     if value is None:
         return None
     names = [value] if isinstance(value, str) else value
@@ -130,7 +131,31 @@ def _queues(value: Any) -> frozenset[str] | None:
         raise InvalidDriveOptions(f"queues must be a list of queue names, got {value!r}") from None
     if not chosen or not all(isinstance(name, str) and name for name in chosen):
         raise InvalidDriveOptions(f"queues must be non-empty queue names (None: every queue), got {value!r}")
+    if "*" in chosen:
+        return None  # every queue, as db_worker's --queue-name '*'
+    known = _known_queues()
+    unknown = sorted(chosen - known) if known is not None else []
+    if unknown:
+        raise InvalidDriveOptions(
+            f"no tasks backend of this app has the queue(s) {', '.join(map(repr, unknown))} "
+            f"(known: {', '.join(sorted(known or ()))}): a worker of them would idle"
+        )
     return chosen
+
+
+def _known_queues() -> set[str] | None:
+    """Every queue of this app's Tasks backends (``QUEUES``; ``None`` when one of them takes any name)."""
+    from django.conf import settings
+
+    known: set[str] = set()
+    for params in (getattr(settings, "TASKS", None) or {}).values():
+        if params.get("BACKEND") != "django_jobruns.backend.JobRunsBackend":
+            continue
+        queues = params.get("QUEUES", ["default"])  # Django's default: the default queue only
+        if not queues:
+            return None  # an empty list: Django takes any queue name
+        known.update(queues)
+    return known
 
 
 def _budget(value: Any) -> float | None:

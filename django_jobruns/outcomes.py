@@ -17,7 +17,7 @@ from typing import Any
 
 from django.db import InterfaceError, OperationalError
 
-from .exceptions import GiveUp, InvalidPassResult, Permanent, QueueUnsafe, StepReused
+from .exceptions import GiveUp, InvalidPassResult, Permanent, QueueUnsafe, StepReused, TaskValueUnstorable
 
 #: Database errors of the engine's own writes that say nothing about the job
 #: (a lock wait that timed out, a deadlock, a dropped connection): the pass is
@@ -38,7 +38,14 @@ def too_large(exc: BaseException) -> bool:
 
 
 #: Failures that retrying cannot fix: the run fails at once (P10).
-PERMANENT: tuple[type[BaseException], ...] = (GiveUp, Permanent, InvalidPassResult, StepReused, QueueUnsafe)
+PERMANENT: tuple[type[BaseException], ...] = (
+    GiveUp,
+    Permanent,
+    InvalidPassResult,
+    StepReused,
+    QueueUnsafe,
+    TaskValueUnstorable,
+)
 
 #: The longest error text a run records; longer ones are cut, saying so.
 MAX_ERROR_CHARS = 10_000
@@ -59,6 +66,13 @@ class Outcome(enum.StrEnum):
     """Failed, the run failed."""
     LOST = "lost"
     """Fenced out: another claim took the run; nothing written."""
+    STEPPED_OVER = "unregistered"
+    """Given back untouched: this process cannot work it (a task it cannot import), named on the run."""
+
+
+#: The start of the warning a run gets when a drive steps over it: no job of its name is
+#: registered in that process, or its task cannot be imported there (the admin finds them by it).
+UNREGISTERED_WARNING = "job not registered"
 
 
 @dataclass(frozen=True)

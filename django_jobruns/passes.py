@@ -35,11 +35,22 @@ from .exceptions import (
     StepExhausted,
     StepInTransaction,
     StepOutsidePass,
+    StepOver,
     StepResultUnstorable,
     StepReused,
 )
 from .models import JobRun
-from .outcomes import LOST, MAX_SUMMARY_CHARS, PERMANENT, Outcome, PassOutcome, storable, summary, with_traceback
+from .outcomes import (
+    LOST,
+    MAX_SUMMARY_CHARS,
+    PERMANENT,
+    UNREGISTERED_WARNING,
+    Outcome,
+    PassOutcome,
+    storable,
+    summary,
+    with_traceback,
+)
 from .queue_safety import decode, decode_counters, dump_queue_safe, dump_result
 from .registry import Job
 from .retry import RetryPolicy
@@ -406,6 +417,12 @@ def _run_pass(
         cursor, done = interpret_result(returned, run.cursor)
     except LeaseLost:
         return LOST
+    except StepOver as exc:
+        # Not this process's to work (a task it cannot import): given back untouched, uncharged, named.
+        note = storable(f"{UNREGISTERED_WARNING}: {summary(exc)} (in the process that drove it, {claim.holder})")
+        if claim.lost or not claim.write(transitions.stepped_over(note)):
+            return LOST
+        return PassOutcome(Outcome.STEPPED_OVER, error=summary(exc))
     except BaseException as exc:
         escaping = not isinstance(exc, Exception)
         if isinstance(exc, AbandonPass):

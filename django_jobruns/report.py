@@ -80,7 +80,7 @@ class DriveReport:
         with self._lock:
             name = outcome.status.value
             setattr(self, name, getattr(self, name) + 1)
-            if outcome.error is not None:
+            if outcome.error is not None and outcome.status.value != "unregistered":
                 self.errors.append((run_id, outcome.error))
             if outcome.warning is not None:
                 self.warnings.append(f"run {run_id}: {outcome.warning}")

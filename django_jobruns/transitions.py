@@ -22,6 +22,7 @@ retry          leased                      running, backing off        :func:`at
 fail           leased                      failed                      :func:`attempt_failed`
 abandon        lapsed, attempts spent      failed                      :func:`abandoned`
 release        leased                      running, lease free         :func:`released`
+step over      leased                      running, lease free, named  :func:`stepped_over`
 cancel         running                     cancelled, fence + 1        :func:`cancelled`
 pause          running                     running, paused             :func:`paused`
 unpause        running, paused             running                     :func:`unpaused`
@@ -120,6 +121,11 @@ def abandoned(error: str, now: datetime) -> dict[str, Any]:
 def released() -> dict[str, Any]:
     """The drive gives the lease back without a pass's outcome (the pass recorded its own, or none ran)."""
     return {"lease_holder": None, "lease_expires_at": None}
+
+
+def stepped_over(note: str) -> dict[str, Any]:
+    """This process cannot work the run (its task cannot be imported here): the lease is given back, uncharged."""
+    return {"lease_holder": None, "lease_expires_at": None, "last_warning": note}
 
 
 def cancelled(note: str, now: datetime) -> dict[str, Any]:

@@ -76,6 +76,8 @@ from datetime import timedelta as _lease_length  # noqa: E402
 
 from django_jobruns import RetryPolicy as _RetryPolicy  # noqa: E402
 
+_tasks_framework = "django.tasks" if __import__("importlib.util").util.find_spec("django.tasks") else "django_tasks"
+
 TASKS = {
     "default": {
         "BACKEND": "django_jobruns.backend.JobRunsBackend",
@@ -84,5 +86,12 @@ TASKS = {
             "RETRY": _RetryPolicy(max_attempts=3, base_delay=0, jitter=0),
             "LEASE_TTL": _lease_length(seconds=5),
         },
-    }
+    },
+    # A second alias with its own retry policy: at most once.
+    "once": {
+        "BACKEND": "django_jobruns.backend.JobRunsBackend",
+        "OPTIONS": {"RETRY": _RetryPolicy(max_attempts=1), "LEASE_TTL": 5},
+    },
+    # Django's own, the reference for what a task stores and reports.
+    "reference": {"BACKEND": f"{_tasks_framework}.backends.immediate.ImmediateBackend"},
 }

@@ -120,3 +120,71 @@ def stoppable_task(context: Any, log: str, fifo: str) -> int:
     with open(log, "a") as out:
         out.write(f"stopped {count}\n")
     return count
+
+
+#: What ``echo`` returns, by kind: values Django's own backends accept (``normalize_json``) or refuse.
+def _values() -> dict[str, Any]:
+    from collections import OrderedDict, defaultdict
+    from datetime import datetime
+
+    from django.utils.safestring import mark_safe
+
+    return {
+        "safe": mark_safe("<p>Hello</p>"),
+        "tuple": (1, (2, "three")),
+        "ordered": OrderedDict([("b", 1), ("a", [1, 2])]),
+        "defaultdict": defaultdict(list, {"k": [1]}),
+        "int_keys": {1: "one", 2: {3: "three"}},
+        "bytes": b"bytes",
+        "set": {1, 2},
+        "datetime": datetime(2026, 1, 1),
+        "nan": float("nan"),
+    }
+
+
+@task()
+def echo(kind: str, log: str = "") -> Any:
+    """Returns the value of ``kind``; each body run leaves a line in ``log``."""
+    if log:
+        with open(log, "a") as out:
+            out.write(f"{kind}\n")
+    return _values()[kind]
+
+
+@task(takes_context=True)
+def which_attempt(context: Any) -> dict[str, Any]:
+    return {"attempt": context.attempt, "backend": context.task_result.backend}
+
+
+@task(takes_context=True)
+async def async_steps(context: Any, log: str) -> list[Any]:
+    async def fetch() -> str:
+        with open(log, "a") as out:
+            out.write("fetch\n")
+        return "fetched"
+
+    def save() -> int:
+        with open(log, "a") as out:
+            out.write("save\n")
+        return 2
+
+    first = await context.astep("fetch", fetch)
+    second = await context.astep("save", save)
+    return [first, second]
+
+
+@task(takes_context=True)
+async def sync_step_in_async(context: Any) -> None:
+    context.step("nope", lambda: 1)
+
+
+@task(takes_context=True)
+def loses_its_lease(context: Any) -> str:
+    """Another worker takes the run over while this one runs (its fence moves on), then a step is asked for."""
+    from django.db.models import F
+
+    from django_jobruns.models import JobRun
+
+    JobRun.objects.filter(pk=context.task_result.id).update(lease_fence=F("lease_fence") + 1)
+    context.step("after", lambda: "never")
+    return "never"

@@ -162,20 +162,6 @@ def test_a_flaky_task_succeeds_on_a_retry(tmp_path):
     assert result.attempts == 2 and [e.exception_class_path for e in result.errors] == ["builtins.ConnectionError"]
 
 
-def test_a_task_that_cannot_be_imported_fails_and_blocks_nothing_behind_it():
-    broken = t.add.enqueue(1, 1)
-    run = JobRun.objects.get(pk=broken.id)
-    payload = json.loads(run.payload)
-    payload["task"] = "tests.task_functions.gone_away"
-    JobRun.objects.filter(pk=run.pk).update(payload=json.dumps(payload))
-    behind = t.add.enqueue(2, 2)
-    report = run_due_jobs(limit=5)
-    assert report.failed == 1 and report.completed == 1
-    assert default_task_backend.get_result(behind.id).return_value == 4
-    failed = default_task_backend.get_result(broken.id)
-    assert failed.status == TaskResultStatus.FAILED and failed.attempts == 1
-
-
 def test_run_after_defers_the_task_until_then():
     later = timezone.now() + timedelta(hours=1)
     result = t.add.using(run_after=later).enqueue(1, 2)

@@ -1,0 +1,252 @@
+"""Django's Tasks, exactly as Django defines them, with Django's own ImmediateBackend as the reference.
+
+What a task stores and reports (values normalized as Django's backends do), a FAILED result always
+with an error, ``.using()`` end to end, attempt records under the claim's fence, async steps, a
+rolling deploy's unimportable task, the checks and the worker's queue names.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import transaction
+
+from django_jobruns import run_due_jobs
+from django_jobruns.backend import JobRunsBackend, TaskResultDoesNotExist, TaskResultStatus
+from django_jobruns.exceptions import InvalidDriveOptions
+from django_jobruns.models import TASKS_MODULE, JobAttempt, JobRun, Status
+from tests import task_functions as t
+from tests.conftest import ROOT, manage, worker_env
+
+_framework = importlib.import_module("django.tasks" if importlib.util.find_spec("django.tasks") else "django_tasks")
+task_backends: Any = _framework.task_backends
+_signals: Any = importlib.import_module(f"{_framework.__name__}.signals")
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ACCEPTED = ["safe", "tuple", "ordered", "defaultdict", "int_keys", "bytes"]
+REFUSED = ["set", "datetime", "nan"]
+
+
+def reference(task: Any, *args: Any) -> Any:
+    """The same task on Django's ImmediateBackend: its result, with its value in its stored (JSON) form."""
+    result = task.using(backend="reference").enqueue(*args)
+    return result
+
+
+def stored(value: Any) -> Any:
+    return json.loads(json.dumps(value))
+
+
+@pytest.mark.parametrize("kind", ACCEPTED)
+def test_a_value_django_accepts_succeeds_with_the_same_stored_form(kind, tmp_path):
+    log = tmp_path / "log"
+    ours = t.echo.enqueue(kind, str(log))
+    assert run_due_jobs().completed == 1
+    ours.refresh()
+    theirs = reference(t.echo, kind)
+    assert theirs.status == TaskResultStatus.SUCCESSFUL
+    assert ours.status == TaskResultStatus.SUCCESSFUL and ours.errors == []
+    assert ours.return_value == stored(theirs.return_value)
+    assert log.read_text().splitlines() == [kind]  # the body ran once
+
+
+@pytest.mark.parametrize("kind", REFUSED)
+def test_a_value_with_no_json_form_fails_the_task_at_once_with_its_error(kind, tmp_path):
+    log = tmp_path / "log"
+    ours = t.echo.enqueue(kind, str(log))
+    report = run_due_jobs()
+    ours.refresh()
+    assert report.failed == 1 and report.retrying == 0, report
+    assert ours.status == TaskResultStatus.FAILED and len(ours.errors) == 1
+    assert log.read_text().splitlines() == [kind]  # once: no retry repeats the body's effects
+    if kind != "nan":  # Django's own refuses these too, with the error it names
+        theirs = reference(t.echo, kind)
+        assert theirs.status == TaskResultStatus.FAILED
+        assert ours.errors[-1].exception_class_path == theirs.errors[-1].exception_class_path
+
+
+def test_arguments_are_normalized_as_django_does_and_refused_where_it_refuses():
+    from collections import OrderedDict
+
+    ours = t.noop_task.enqueue(b"bytes", (1, 2), OrderedDict(a=1))
+    theirs = reference(t.noop_task, b"bytes", (1, 2), OrderedDict(a=1))
+    assert ours.args == theirs.args == ["bytes", [1, 2], {"a": 1}]
+    assert json.loads(JobRun.objects.get(pk=ours.id).payload)["args"] == ["bytes", [1, 2], {"a": 1}]
+    with pytest.raises(TypeError, match="must be JSON"):
+        t.noop_task.enqueue({1, 2})
+    assert JobRun.objects.filter(module=TASKS_MODULE).count() == 1
+
+
+def test_a_failed_result_always_has_an_error_even_when_no_attempt_recorded_one(tmp_path):
+    """A worker killed until the policy is spent: the takeover's charge is the task's error."""
+    result = t.hangs_until_killed.using(backend="once").enqueue(str(tmp_path / "log"))
+    worker = manage("run_due_jobs", "--holder", "doomed")
+    worker.communicate(timeout=60)
+    run = JobRun.objects.get(pk=result.id)
+    assert run.lease_holder == "doomed"
+    later = lambda: run.lease_expires_at + timedelta(seconds=1)  # noqa: E731
+    report = run_due_jobs(now=later, holder="rescuer")
+    assert report.taken_over == 1
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert result.errors, "a FAILED result with no error"
+    assert result.errors[-1].exception_class_path == "django_jobruns.exceptions.StoppedReporting"
+    assert "doomed" in result.errors[-1].traceback
+    assert result.worker_ids == ["doomed"]
+
+
+def test_using_another_alias_keeps_the_task_context_and_its_retry_policy():
+    result = t.which_attempt.using(backend="once").enqueue()
+    assert result.backend == "once"
+    run_due_jobs()
+    result = task_backends["once"].get_result(result.id)
+    assert result.status == TaskResultStatus.SUCCESSFUL, result.errors
+    assert result.return_value == {"attempt": 1, "backend": "once"}
+
+
+def test_a_worker_that_lost_its_lease_records_and_signals_nothing():
+    finished: list[Any] = []
+
+    def receiver(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        finished.append(task_result.status)
+
+    _signals.task_finished.connect(receiver, weak=False, dispatch_uid="lost-lease")
+    try:
+        result = t.loses_its_lease.enqueue()
+        report = run_due_jobs()
+    finally:
+        _signals.task_finished.disconnect(dispatch_uid="lost-lease")
+    assert report.lost == 1
+    assert finished == []
+    attempt = JobAttempt.objects.get(run_id=result.id)
+    assert attempt.ended_at is None and attempt.error_class is None  # nothing written after the takeover
+
+
+def test_an_async_task_records_its_steps_with_astep_and_step_names_astep(tmp_path):
+    log = tmp_path / "log"
+    result = t.async_steps.enqueue(str(log))
+    assert run_due_jobs().completed == 1
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == ["fetched", 2]
+    assert log.read_text().splitlines() == ["fetch", "save"]
+    wrong = t.sync_step_in_async.enqueue()
+    run_due_jobs()
+    wrong.refresh()
+    assert wrong.status in (TaskResultStatus.READY, TaskResultStatus.FAILED)
+    assert "astep" in JobRun.objects.get(pk=wrong.id).last_error
+
+
+def test_a_task_the_worker_cannot_import_is_stepped_over_named_and_run_once_it_can(caplog):
+    broken = t.add.enqueue(1, 1)
+    run = JobRun.objects.get(pk=broken.id)
+    payload = json.loads(run.payload)
+    payload["task"] = "tests.task_functions.added_by_the_next_release"
+    JobRun.objects.filter(pk=run.pk).update(payload=json.dumps(payload))
+    behind = t.add.enqueue(2, 2)
+    report = run_due_jobs(limit=5)
+    assert report.completed == 1 and report.failed == 0 and report.retrying == 0
+    assert report.unregistered == 1
+    assert report.as_dict()["unregistered_jobs"] == {"tests.task_functions.added_by_the_next_release": 1}
+    assert "added_by_the_next_release" in caplog.text
+    run.refresh_from_db()
+    assert run.status == Status.RUNNING and run.attempts == 0 and run.lease_holder is None
+    assert run.last_warning.startswith("job not registered")
+    assert task_backends["default"].get_result(behind.id).return_value == 4
+    # The release that brings the function: the run is driven as usual.
+    t.added_by_the_next_release = t.add  # type: ignore[attr-defined]
+    try:
+        assert run_due_jobs().completed == 1
+    finally:
+        del t.added_by_the_next_release  # type: ignore[attr-defined]
+    assert task_backends["default"].get_result(broken.id).return_value == 2
+
+
+def test_get_result_refuses_what_is_not_a_run_id_on_every_database():
+    result = t.add.enqueue(1, 2)
+    for bad in ["\x00" * 26, result.id.lower(), result.id[:-1] + "!"]:
+        with pytest.raises(TaskResultDoesNotExist):
+            task_backends["default"].get_result(bad)
+
+
+def test_task_enqueued_is_sent_when_the_enqueue_commits():
+    sent: list[Any] = []
+
+    def receiver(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        sent.append(task_result.id)
+
+    _signals.task_enqueued.connect(receiver, weak=False, dispatch_uid="on-commit")
+    try:
+        with transaction.atomic():
+            t.noop_task.enqueue()
+            assert sent == []
+            transaction.set_rollback(True)
+        assert sent == []
+        kept = t.noop_task.enqueue()
+    finally:
+        _signals.task_enqueued.disconnect(dispatch_uid="on-commit")
+    assert sent == [kept.id]
+
+
+def test_checks_name_unknown_options_and_bad_durations_without_a_traceback():
+    from django_jobruns.registry import unregister
+
+    backend = JobRunsBackend(
+        "checked", {"OPTIONS": {"RETRIES": 3, "LEASE_TTL": float("inf"), "TIMEOUT": 1, "RETRY": "x"}}
+    )
+    try:
+        found = {message.id: message.msg for message in backend.check()}
+    finally:
+        unregister(f"{TASKS_MODULE}.checked")
+    assert "'RETRIES'" in found["jobruns.E013"] and "RETRY, LEASE_TTL, TIMEOUT" in found["jobruns.E013"]
+    assert set(found) == {"jobruns.E011", "jobruns.E012", "jobruns.E013"}
+
+
+@pytest.mark.slow
+def test_the_backend_named_without_the_app_installed_is_a_check_error_not_a_traceback(tmp_path):
+    settings = tmp_path / "noapp_settings.py"
+    settings.write_text(
+        "SECRET_KEY = 'x'\nINSTALLED_APPS = ['django.contrib.contenttypes', 'django.contrib.auth']\n"
+        "DATABASES = {'default': {'ENGINE': 'django.db.backends.sqlite3', 'NAME': ':memory:'}}\n"
+        "TASKS = {'default': {'BACKEND': 'django_jobruns.backend.JobRunsBackend'}}\n"
+        f"INSTALLED_APPS += {['django_tasks'] if not importlib.util.find_spec('django.tasks') else []}\n"
+    )
+    env = {**worker_env(), "DJANGO_SETTINGS_MODULE": "noapp_settings", "PYTHONPATH": f"{tmp_path}:{ROOT}"}
+    done = subprocess.run(
+        [sys.executable, "-m", "django", "check"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode != 0
+    assert "jobruns.E010" in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+@pytest.mark.slow
+def test_on_django_5_2_the_backends_checks_run_without_the_backport_installed_as_an_app(tmp_path):
+    settings = tmp_path / "nobackport_settings.py"
+    settings.write_text(
+        "from tests.settings import *\n"
+        "INSTALLED_APPS = [a for a in INSTALLED_APPS if a != 'django_tasks']\n"
+        "TASKS = {'default': {'BACKEND': 'django_jobruns.backend.JobRunsBackend', 'OPTIONS': {'LEASE_TTL': 1}}}\n"
+    )
+    env = {**worker_env(), "DJANGO_SETTINGS_MODULE": "nobackport_settings", "PYTHONPATH": f"{tmp_path}:{ROOT}"}
+    done = subprocess.run(
+        [sys.executable, str(Path(ROOT) / "manage.py"), "check"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode != 0 and "jobruns.E012" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_queue_names_are_checked_against_the_backends_queues_and_star_means_every_queue():
+    email = t.send_email.enqueue("a@example.com")
+    with pytest.raises(InvalidDriveOptions, match=r"emaisl.*known: default, emails"):
+        run_due_jobs(queues=["emaisl"])
+    report = run_due_jobs(queues=["*"])
+    assert report.completed == 1
+    assert task_backends["default"].get_result(email.id).status == TaskResultStatus.SUCCESSFUL
