@@ -133,7 +133,7 @@ def test_a_worker_that_lost_its_lease_records_and_signals_nothing():
 
 def test_an_async_task_records_its_steps_with_astep_and_step_names_astep(tmp_path):
     log = tmp_path / "log"
-    result = t.async_steps.enqueue(str(log))
+    result: Any = t.async_steps.enqueue(str(log))
     assert run_due_jobs().completed == 1
     result.refresh()
     assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == ["fetched", 2]
