@@ -350,7 +350,7 @@ class Claim:
         error = outcomes.abandoned(self.took_over_from or "?", run.attempts)
         if not self.write(transitions.abandoned(error, self.clock())):
             return LOST
-        logger.error("run %s (%s.%s) failed: %s", run.id, run.module, run.job, error)
+        logger.error("run %s (%s) failed: %s", run.id, run.title, error)
         signals.send_run_failed(run, error)
         return PassOutcome(Outcome.FAILED, error=error)
 

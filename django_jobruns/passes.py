@@ -462,7 +462,7 @@ def _run_pass(
             f"pass committed with completed steps it never asked for: {', '.join(unused)}; "
             "step names must be a pure function of the payload and prior results, or resume repeats work"
         )
-        logger.warning("run %s (%s.%s): %s", run.id, run.module, run.job, warning)
+        logger.warning("run %s (%s): %s", run.id, run.title, warning)
     now = claim.clock()
     keep_until = None if done or release else claim.extended()
     counters_text = json.dumps(p._counters, separators=(",", ":"))
@@ -517,10 +517,9 @@ def _fail(run: JobRun, job: Job, claim: Claim, p: Pass | None, exc: BaseExceptio
     # A run that ends failed is an error an operator must see; a pass that will be retried a warning.
     logger.log(
         logging.ERROR if exhausted else logging.WARNING,
-        "run %s (%s.%s) pass failed%s: %s",
+        "run %s (%s) pass failed%s: %s",
         run.id,
-        run.module,
-        run.job,
+        run.title,
         " and the run is failed" if exhausted else ", will retry",
         first_line,
     )

@@ -130,9 +130,9 @@ def job_runs(
         rows = rows.filter(module=module)
     if job is not None:
         if "." in job and module is None:
-            module, _, job = job.partition(".")
-            rows = rows.filter(module=module)
-        rows = rows.filter(job=job)
+            rows = of_job(rows, job)
+        else:
+            rows = rows.filter(job=job)
     if instance is not None:
         rows = rows.filter(instance=instance)
     if status is not None:
@@ -140,6 +140,18 @@ def job_runs(
             raise ValueError(f"status must be one of {', '.join(Status.values)}; got {status!r}")
         rows = rows.filter(status=status)
     return [JobRunRecord.from_row(row) for row in rows.order_by("-id")[: list_limit(limit)]]
+
+
+def of_job(rows: Any, name: str) -> Any:
+    """The runs of ``rows`` of a job (``"app_label.job"``) or of a task (its module path, ``"orders.tasks.charge"``)."""
+    from django.db.models import Q
+
+    from .models import TASKS_MODULE
+
+    module, _, job = name.partition(".")
+    # A task run's payload is stored as compact JSON whose first key is the task's path.
+    prefix = json.dumps({"task": name}, separators=(",", ":"))[:-1] + ","
+    return rows.filter(Q(module=module, job=job) | Q(module=TASKS_MODULE, payload__startswith=prefix))
 
 
 #: The states an operator looks for among the running runs (the admin's filter, ``job_runs --state``).

@@ -250,3 +250,27 @@ def test_queue_names_are_checked_against_the_backends_queues_and_star_means_ever
     report = run_due_jobs(queues=["*"])
     assert report.completed == 1
     assert task_backends["default"].get_result(email.id).status == TaskResultStatus.SUCCESSFUL
+
+
+def test_operators_find_and_read_a_task_by_its_path(caplog):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from django_jobruns import job_runs
+
+    ok = t.flaky.enqueue("/nonexistent/dir/log", 0)  # fails: the log cannot be opened
+    done = t.send_email.enqueue("a@example.com")
+    run_due_jobs(limit=5)
+    assert "tests.task_functions.flaky" in caplog.text  # the log names the task, not the internal job
+    assert [r.id for r in job_runs(job="tests.task_functions.send_email")] == [done.id]
+    out = StringIO()
+    call_command("job_runs", "--job", "tests.task_functions.flaky", stdout=out)
+    assert ok.id in out.getvalue() and done.id not in out.getvalue()
+    assert "tests.task_functions.flaky" in out.getvalue()
+    out = StringIO()
+    call_command("job_runs", done.id, stdout=out)
+    shown = out.getvalue()
+    assert "task: tests.task_functions.send_email" in shown and "return_value: sent to a@example.com" in shown
+    assert "queue: emails" in shown and "priority: 10" in shown and "attempts: 1" in shown
+    assert "cursor:" not in shown

@@ -15,7 +15,7 @@ from django.utils.timesince import timesince
 from django_jobruns import db
 from django_jobruns.management.scheduled import ScheduledCommand
 from django_jobruns.models import JobAttempt, JobRun, JobStep, Status
-from django_jobruns.records import STATES, JobRunRecord, in_state, list_limit
+from django_jobruns.records import STATES, JobRunRecord, in_state, list_limit, of_job
 
 from .run_due_jobs import first_line
 
@@ -75,8 +75,8 @@ class Command(ScheduledCommand):
         if options["job"]:
             module, dot, name = options["job"].partition(".")
             if not dot or not module or not name:
-                raise CommandError(f"--job {options['job']!r}: write it as 'app_label.job_name'")
-            rows = rows.filter(module=module, job=name)
+                raise CommandError(f"--job {options['job']!r}: write it as 'app_label.job_name' or a task's path")
+            rows = of_job(rows, options["job"])
         if options["instance"]:
             rows = rows.filter(instance=options["instance"])
         if options["state"]:
@@ -102,7 +102,7 @@ class Command(ScheduledCommand):
             error = (record.last_error or "").splitlines()[0][:100] if record.last_error else ""
             paused = " (paused)" if record.status == Status.RUNNING and row.paused_at is not None else ""
             self.stdout.write(
-                f"{record.id}  {record.status}{paused:<9} {record.module}.{record.job} [{record.instance}]  "
+                f"{record.id}  {record.status}{paused:<9} {row.title} [{record.instance}]  "
                 f"{_age(record.started_at, now)}  {progress}" + (f"  {error}" if error else "")
             )
 
@@ -191,6 +191,17 @@ class Command(ScheduledCommand):
             }
             for a in JobAttempt.objects.filter(run_id=row.id).order_by("number", "id")
         ]
+        if row.is_task:
+            # A task: its return value (the run's final cursor), queue, priority, and its attempts as recorded.
+            record = {
+                "id": record["id"],
+                "task": row.task_path,
+                "queue": row.queue_name,
+                "priority": row.priority,
+                **{key: value for key, value in record.items() if key not in ("id", "cursor", "attempts")},
+                "return_value": record.get("cursor") if row.status == Status.DONE else None,
+                "attempts": len(attempts),
+            }
         if as_json:
             self.stdout.write(json.dumps({**record, "ledger": ledger, "restarts": restarts, "attempts": attempts}))
             return
