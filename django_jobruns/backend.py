@@ -291,6 +291,27 @@ class JobRunsBackend(BaseTaskBackend):  # type: ignore[misc]
                     yield checks.Error(str(exc), id="jobruns.E012")
 
 
+@checks.register(checks.Tags.compatibility)
+def check_task_backends(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """This backend's checks where Django's Tasks framework does not run them.
+
+    Registered when this module is imported (a project's code naming the backend loads it).
+    Django 6 runs every backend's ``check()`` once ``django.tasks`` is imported, which this
+    module does; the ``django-tasks`` backport on Django 5.2 only when it is in
+    ``INSTALLED_APPS``, which it need not be: then the backends are checked here.
+    """
+    import importlib.util
+
+    from django.apps import apps
+    from django.conf import settings
+
+    if importlib.util.find_spec("django.tasks") is not None or apps.is_installed("django_tasks"):
+        return []
+    configured = getattr(settings, "TASKS", None) or {}
+    ours = [alias for alias, params in configured.items() if params.get("BACKEND") == f"{__name__}.JobRunsBackend"]
+    return [message for alias in ours for message in task_backends[alias].check()]
+
+
 def _stopped_reporting(holder: str) -> Any:
     from .outcomes import stopped_reporting
 

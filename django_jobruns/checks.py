@@ -63,29 +63,3 @@ def check_rangefilter_installed(app_configs: Any = None, **kwargs: Any) -> list[
             )
         ]
     return []
-
-
-@checks.register(checks.Tags.compatibility)
-def check_task_backends(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """The checks of this app's Tasks backends, where Django's Tasks framework does not run them.
-
-    Django 6 runs every backend's ``check()``; the ``django-tasks`` backport on Django 5.2 does only
-    when it is in ``INSTALLED_APPS``, which it need not be: then its backends are checked here.
-    """
-    import importlib.util
-
-    from django.apps import apps
-
-    if importlib.util.find_spec("django.tasks") is not None or apps.is_installed("django_tasks"):
-        return []
-    configured = getattr(settings, "TASKS", None) or {}
-    ours = [
-        alias
-        for alias, params in configured.items()
-        if params.get("BACKEND") == "django_jobruns.backend.JobRunsBackend"
-    ]
-    if not ours:
-        return []
-    from .backend import task_backends
-
-    return [message for alias in ours for message in task_backends[alias].check()]

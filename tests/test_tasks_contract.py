@@ -216,12 +216,17 @@ def test_the_backend_named_without_the_app_installed_is_a_check_error_not_a_trac
     settings.write_text(
         "SECRET_KEY = 'x'\nINSTALLED_APPS = ['django.contrib.contenttypes', 'django.contrib.auth']\n"
         "DATABASES = {'default': {'ENGINE': 'django.db.backends.sqlite3', 'NAME': ':memory:'}}\n"
-        "TASKS = {'default': {'BACKEND': 'django_jobruns.backend.JobRunsBackend'}}\n"
+        "TASKS = {'default': {'BACKEND': 'django_jobruns.backend.JobRunsBackend', 'QUEUES': ['default', 'emails']}}\n"
         f"INSTALLED_APPS += {['django_tasks'] if not importlib.util.find_spec('django.tasks') else []}\n"
     )
     env = {**worker_env(), "DJANGO_SETTINGS_MODULE": "noapp_settings", "PYTHONPATH": f"{tmp_path}:{ROOT}"}
+    # As a project's code would: its tasks module is imported (a view, a urlconf), then a command runs.
+    script = (
+        "import django; django.setup(); import tests.task_functions; "
+        "from django.core.management import execute_from_command_line; execute_from_command_line(['manage', 'check'])"
+    )
     done = subprocess.run(
-        [sys.executable, "-m", "django", "check"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
     )
     assert done.returncode != 0
     assert "jobruns.E010" in done.stderr and "Traceback" not in done.stderr, done.stderr
