@@ -195,6 +195,7 @@ class JobRunsBackend(BaseTaskBackend):  # type: ignore[misc]
             started_at=now,
             updated_at=now,
             next_attempt_at=task.run_after,
+            due_at=task.run_after or now,  # run_after is its first due time
             priority=task.priority,
             queue_name=task.queue_name,
             trace_context=trace_context,
@@ -338,7 +339,7 @@ def _status(run: Any) -> Any:
         return TaskResultStatus.SUCCESSFUL
     if run.status in (Status.FAILED, Status.CANCELLED):
         return TaskResultStatus.FAILED
-    if run.lease_holder is not None and run.lease_expires_at is not None and run.lease_expires_at > db.now():
+    if run.is_leased(db.now()):
         return TaskResultStatus.RUNNING
     return TaskResultStatus.READY
 

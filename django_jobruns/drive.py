@@ -25,7 +25,7 @@ from django.utils import timezone
 from . import conf, db, keepalive, telemetry, waiting, watchdog
 from .claims import Claim, Claimed, default_holder, holder_name
 from .exceptions import DatabaseReadOnly, DriveInTransaction, InvalidDriveOptions
-from .models import JobRun, Status
+from .models import MARKED_UNREGISTERED, JobRun, Status
 from .options import DriveOptions, StopSignal, drive_clock, lease_length, positive_int
 from .outcomes import TRANSIENT, UNREGISTERED_WARNING, Outcome, summary
 from .passes import PassObserver as PassObserver  # the drive's hook for testing tools
@@ -209,6 +209,8 @@ def due_rows(
     scan_max: int,
     report: DriveReport,
     queues: frozenset[str] | None = None,
+    *,
+    limited: bool = False,
 ) -> list[DueRow]:
     """Read the oldest due runs of ``jobs`` at ``now`` (``None``: by the database's clock), until ``limit`` are found.
 
@@ -216,9 +218,12 @@ def due_rows(
     does not drive (another deployment's, or a registration since removed) are
     stepped over, never failed, and the read pages past them -- at most
     ``scan_max`` rows, so a table full of them cannot turn a drive into a scan.
-    The filter stays in Python so the read is a plain range of the due index.
+    A drive ``limited`` to some jobs, or given ``queues``, asks the database for
+    those only (D1): a backlog of other runs never starves it.
     """
     wanted = {entry.key for entry in jobs}
+    pairs = sorted(wanted) if limited else None
+    chosen = sorted(queues) if queues is not None else None
     # Runs this drive already stepped over (a task it cannot import): looked at once per drive.
     stepped = {run_id for ids in report.unregistered_runs.values() for run_id in ids}
     found: list[DueRow] = []
@@ -229,7 +234,7 @@ def due_rows(
         # Pages of at least 50 rows, so that a small limit behind many orphans
         # costs a few reads rather than one per orphan.
         page = min(max(limit, 50), scan_max - scanned)
-        batch = store().due(now, after, page)
+        batch = store().due(now, after, page, jobs=pairs, queues=chosen)
         scanned += len(batch)
         for row in batch:
             if queues is not None and row.queue_name is not None and row.queue_name not in queues:
@@ -249,12 +254,8 @@ def due_rows(
 
 
 def marked_unregistered() -> Q:
-    """The runs a drive marked with :data:`UNREGISTERED_WARNING`, as a filter.
-
-    Spelled with ``last_warning IS NOT NULL``, which the prefix implies, so that
-    SQLite can read them from the index of the warned runs (``jobruns_warned``).
-    """
-    return Q(last_warning__isnull=False, last_warning__startswith=UNREGISTERED_WARNING)
+    """The runs a drive marked with :data:`UNREGISTERED_WARNING`, as a filter (``models.MARKED_UNREGISTERED``)."""
+    return MARKED_UNREGISTERED
 
 
 def _say_unregistered(rows: list[DueRow], report: DriveReport) -> None:
@@ -329,7 +330,13 @@ class _Drive:
         # started together stop racing each other for the same next run.
         options.clock.refresh()
         rows = due_rows(
-            options.jobs, options.clock.lease_now(), min(2 * options.limit, scan_max), scan_max, report, options.queues
+            options.jobs,
+            options.clock.lease_now(),
+            min(2 * options.limit, scan_max),
+            scan_max,
+            report,
+            options.queues,
+            limited=options.limited,
         )
         if options.concurrency == 1 or len(rows) <= 1:
             pending = list(rows)
@@ -547,7 +554,7 @@ def drive_run(
         # The holder of a lapsed lease is charged (a takeover); a live lease refuses the plain claim (skipped).
         lapsed = run.lease_expires_at is not None and run.lease_expires_at <= options.clock()
         held_by = run.lease_holder if lapsed else None
-        row = DueRow(run.id, run.lease_fence, run.module, run.job, held_by, run.queue_name, run.priority, None)
+        row = DueRow(run.id, run.lease_fence, run.module, run.job, held_by, run.queue_name, run.priority, run.due_at)
         with _traced(options.holder) as traced:
             _Drive(report, options, None, traced).handle(row)
     return report

@@ -11,7 +11,6 @@ if TYPE_CHECKING:
 
 from django.db import models
 from django.db.models import Q
-from django.db.models.functions import Coalesce
 from ulid import ULID
 
 
@@ -30,6 +29,13 @@ class Status(models.TextChoices):
     CANCELLED = "cancelled", "cancelled"
     """Stopped by an operator (``cancel_job_run``): terminal, the key freed, record and ledger kept."""
 
+
+#: The start of the warning a run gets when a drive steps over it: no job of its name is
+#: registered in that process, or its task cannot be imported there (the admin finds them by it).
+UNREGISTERED_WARNING = "job not registered"
+
+#: The runs so marked, as a filter (:meth:`JobRunQuerySet.marked_unregistered`).
+MARKED_UNREGISTERED = Q(last_warning__isnull=False, last_warning__startswith=UNREGISTERED_WARNING)
 
 #: The statuses a run ends in: ``ended_at`` stamped, the live key freed.
 TERMINAL = (Status.DONE, Status.FAILED, Status.CANCELLED)
@@ -52,8 +58,7 @@ class JobRunQuerySet(models.QuerySet["JobRun"]):
 
         The drive reads them :meth:`in_due_order`. Its cost does not grow with
         the finished runs the table retains: the read is a range over the runs
-        in flight (the partial ``jobruns_due_order`` index on PostgreSQL and
-        SQLite; ``jobruns_due`` elsewhere).
+        in flight (the ``jobruns_due_at`` index, in due order, on every database).
         """
         return self.filter(
             Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now),
@@ -62,14 +67,38 @@ class JobRunQuerySet(models.QuerySet["JobRun"]):
             paused_at__isnull=True,
         )
 
-    def in_due_order(self) -> JobRunQuerySet:
-        """In the order runs became due: a run backing off since its next attempt, any other since its start.
+    def leased(self, now: datetime) -> JobRunQuerySet:
+        """Running runs held under a live lease at ``now``: :meth:`JobRun.is_leased` in SQL."""
+        return self.filter(status=Status.RUNNING, lease_holder__isnull=False, lease_expires_at__gt=now)
 
-        So a run that backed off queues behind the runs that became due before
-        it, rather than jumping ahead of them by its older id (D9). Higher
-        ``priority`` first (a task's; job runs have 0).
+    def lapsed(self, now: datetime) -> JobRunQuerySet:
+        """Running runs whose holder's lease lapsed unreleased (it stopped reporting): :meth:`JobRun.is_lapsed`."""
+        return self.filter(status=Status.RUNNING, lease_holder__isnull=False, lease_expires_at__lte=now)
+
+    def backing_off(self, now: datetime) -> JobRunQuerySet:
+        """Running runs waiting out a backoff (or a task's ``run_after``) at ``now``: :meth:`JobRun.is_backing_off`."""
+        return self.filter(status=Status.RUNNING, next_attempt_at__gt=now)
+
+    def paused(self) -> JobRunQuerySet:
+        """Running runs an operator paused: :attr:`JobRun.is_paused`."""
+        return self.filter(status=Status.RUNNING, paused_at__isnull=False)
+
+    def marked_unregistered(self) -> JobRunQuerySet:
+        """Runs a drive stepped over and marked (no job of their name registered there, or a task it could not import).
+
+        Spelled with ``last_warning IS NOT NULL``, which the prefix implies, so
+        that SQLite reads them from the index of the warned runs (``jobruns_warned``).
         """
-        return self.order_by("-priority", Coalesce("next_attempt_at", "started_at"), "id")
+        return self.filter(MARKED_UNREGISTERED)
+
+    def in_due_order(self) -> JobRunQuerySet:
+        """In the order runs became due (``due_at``: a start, a committed pass, a backoff's end), then by id (D9).
+
+        So live runs take turns: a run that just committed a pass queues behind
+        the runs that were waiting. Higher ``priority`` first (a task's; job runs
+        have 0).
+        """
+        return self.order_by("-priority", "due_at", "id")
 
 
 class JobRun(models.Model):
@@ -97,6 +126,10 @@ class JobRun(models.Model):
     started_at = models.DateTimeField()
     updated_at = models.DateTimeField()
     next_attempt_at = models.DateTimeField(null=True, blank=True)
+    #: When the run became due: its start (a task's ``run_after``), its last committed pass, its
+    #: backoff's end; NULL once it ended. The due order, and what "waiting since" counts from (D9).
+    #: Set by every insert of the app and by ``save()``; a running row bulk-inserted by hand must set it.
+    due_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
     #: Set while an operator holds the run (``pause_job_run``): not due, key kept.
     paused_at = models.DateTimeField(null=True, blank=True)
@@ -153,8 +186,8 @@ class JobRun(models.Model):
             models.Index(fields=["status", "ended_at"], name="jobruns_prune"),
         ]
         # Not declared here, made by migrations for the backends that have them:
-        # the due read's partial expression index (``jobruns_due_order``, 0006
-        # and 0013) and the overview's partial indexes of the runs held under a
+        # the due read's index in due order (``jobruns_due_at``, 0017: partial
+        # on PostgreSQL and SQLite, plain on MariaDB) and the overview's partial indexes of the runs held under a
         # lease and the paused runs (``jobruns_held``, ``jobruns_paused``, 0015;
         # plain indexes on MariaDB/MySQL, where Django warns of conditions), and
         # the warned runs, where the job filter finds jobs not registered
@@ -163,6 +196,12 @@ class JobRun(models.Model):
     def __str__(self) -> str:
         state = "paused" if self.status == Status.RUNNING and self.paused_at is not None else self.status
         return f"{self.module}.{self.job}[{self.instance}] {self.id} ({state})"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        # A running run inserted by hand (a test, a shell) is due from its backoff's end, else its start.
+        if self._state.adding and self.due_at is None and self.status == Status.RUNNING:
+            self.due_at = self.next_attempt_at or self.started_at
+        super().save(*args, **kwargs)
 
     @property
     def is_task(self) -> bool:
@@ -209,10 +248,42 @@ class JobRun(models.Model):
         """Whether no claim holds the run at ``now``: never leased, released, or lapsed (an expired claim is unheld)."""
         return self.lease_expires_at is None or self.lease_expires_at <= now
 
+    def is_leased(self, now: datetime) -> bool:
+        return (
+            self.status == Status.RUNNING
+            and self.lease_holder is not None
+            and self.lease_expires_at is not None
+            and self.lease_expires_at > now
+        )
+
+    def is_lapsed(self, now: datetime) -> bool:
+        return (
+            self.status == Status.RUNNING
+            and self.lease_holder is not None
+            and self.lease_expires_at is not None
+            and self.lease_expires_at <= now
+        )
+
+    def is_backing_off(self, now: datetime) -> bool:
+        return self.status == Status.RUNNING and self.next_attempt_at is not None and self.next_attempt_at > now
+
+    @property
+    def is_paused(self) -> bool:
+        return self.status == Status.RUNNING and self.paused_at is not None
+
+    @property
+    def is_marked_unregistered(self) -> bool:
+        return self.last_warning is not None and self.last_warning.startswith(UNREGISTERED_WARNING)
+
+    def waiting_since(self, now: datetime) -> datetime | None:
+        """When this run, due at ``now``, became due (``due_at``): the operator's "waiting since" (D9)."""
+        return self.due_at if self.is_due(now) else None
+
     def is_due(self, now: datetime) -> bool:
         """Whether a drive may take the run at ``now``: the one definition of due.
 
-        Running, not paused, past its backoff, its lease free.
+        Running, not paused, past its backoff, its lease free. When it became due is ``due_at``,
+        the due order.
         ``JobRun.objects.due(now)`` is its ORM form and the store's due read its
         SQL form; ``tests/test_drive.py`` holds the three equal.
         """

@@ -37,6 +37,8 @@ class DriveOptions:
     budget: float | None
     #: The task queues this drive works (``None``: every queue); job runs have none and are always driven.
     queues: frozenset[str] | None = None
+    #: Whether ``jobs`` was given (the due read asks for those jobs only), not every registered job.
+    limited: bool = False
 
     @classmethod
     def from_arguments(
@@ -66,7 +68,19 @@ class DriveOptions:
         if stop is not None and not callable(getattr(stop, "is_set", None)):
             raise InvalidDriveOptions(f"stop must be a threading.Event (or have is_set()), got {stop!r}")
         clock = drive_clock(now)  # last: without ``now`` it reads the database's clock
-        return cls(limit, max_passes, holder, ttl, concurrency, tuple(selected), stop, clock, budget, _queues(queues))
+        return cls(
+            limit,
+            max_passes,
+            holder,
+            ttl,
+            concurrency,
+            tuple(selected),
+            stop,
+            clock,
+            budget,
+            _queues(queues),
+            limited=jobs is not None,
+        )
 
     @property
     def statement_bound(self) -> float:

@@ -18,6 +18,7 @@ from typing import Any
 from django.db import InterfaceError, OperationalError
 
 from .exceptions import GiveUp, InvalidPassResult, Permanent, QueueUnsafe, StepReused, TaskValueUnstorable
+from .models import UNREGISTERED_WARNING as UNREGISTERED_WARNING
 
 #: Database errors of the engine's own writes that say nothing about the job
 #: (a lock wait that timed out, a deadlock, a dropped connection): the pass is
@@ -68,11 +69,6 @@ class Outcome(enum.StrEnum):
     """Fenced out: another claim took the run; nothing written."""
     STEPPED_OVER = "unregistered"
     """Given back untouched: this process cannot work it (a task it cannot import), named on the run."""
-
-
-#: The start of the warning a run gets when a drive steps over it: no job of its name is
-#: registered in that process, or its task cannot be imported there (the admin finds them by it).
-UNREGISTERED_WARNING = "job not registered"
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connections
-from django.db.models import Count
-from django.db.models.functions import Coalesce, Substr, TruncHour
+from django.db.models import Count, F
+from django.db.models.functions import Substr, TruncHour
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
@@ -52,7 +52,6 @@ class Overview:
     next_due_wait: float | None  # seconds the head of the queue has waited to be taken (None: no run is due)
     hours: list[Hour]
     #: The head was found among the EXACT_UP_TO + 1 due runs started first, not all (MariaDB/MySQL, more due).
-    head_bounded: bool = False
 
     @property
     def chart(self) -> SafeString:
@@ -78,17 +77,16 @@ def overview(rows: Any, now: datetime) -> Overview:
     now = now.astimezone(UTC)
     since = now - timedelta(hours=HOURS)
     running = rows.filter(status=Status.RUNNING)
-    held = running.filter(lease_holder__isnull=False)
     counted = {
         "running": running,
-        "backoff": running.filter(next_attempt_at__gt=now),
-        "leased": held.filter(lease_expires_at__gt=now),
-        "lapsed": held.filter(lease_expires_at__lte=now),
-        "paused": running.filter(paused_at__isnull=False),
+        "backoff": rows.backing_off(now),
+        "leased": rows.leased(now),
+        "lapsed": rows.lapsed(now),
+        "paused": rows.paused(),
         "failed": rows.filter(status=Status.FAILED, ended_at__gte=since),
     }
     # (Any: the type stubs lose an annotation carried in a variable.)
-    due: Any = JobRun.objects.using(rows.db).due(now).annotate(waiting_since=Coalesce("next_attempt_at", "started_at"))
+    due: Any = JobRun.objects.using(rows.db).due(now).annotate(head_since=F("due_at"))
     vendor = connections[rows.db].vendor
     bounded = vendor in estimates.ESTIMATING
     parts: list[str] = []
@@ -117,30 +115,13 @@ def overview(rows: Any, now: datetime) -> Overview:
             params.extend(part)
         where, tail_params = _where(running, rows.db)
         tail = f" FROM {connections[rows.db].ops.quote_name(JobRun._meta.db_table)} WHERE {where}"
-    ordered = vendor in ("postgresql", "sqlite")
-    if ordered:
-        # The due order's own index (jobruns_due_order) leads to the head.
-        sql, part = _compiled(due.in_due_order().values_list("waiting_since")[:1], rows.db)
-        parts.append(f"(SELECT waiting_since FROM ({sql}) head)")
-    else:
-        # No index in the due order (MariaDB/MySQL has no expression index): at a
-        # quarter of a million due runs, sorting them all took 1.5 s. The head is
-        # sought among the EXACT_UP_TO + 1 due runs started first (the ids are in
-        # start order, along the due index); the overview says so when more are due.
-        sql, part = _compiled(due.order_by("id").values("priority", "waiting_since", "id")[: EXACT_UP_TO + 1], rows.db)
-        parts.append(
-            f"(SELECT waiting_since FROM ({sql}) head ORDER BY priority DESC, waiting_since, id LIMIT 1), "
-            f"(SELECT COUNT(*) FROM ({sql}) head_read)"
-        )
-        part = part + part
+    # The due order's own index (jobruns_due_at) leads to the head, on every database.
+    sql, part = _compiled(due.in_due_order().values_list("head_since")[:1], rows.db)
+    parts.append(f"(SELECT head_since FROM ({sql}) head)")
     params.extend(part)
     with connections[rows.db].cursor() as cur:
         cur.execute("SELECT " + ", ".join(parts) + tail, params + tail_params)
         found = cur.fetchone()
-    head_bounded = False
-    if not ordered:
-        head_bounded = int(found[-1]) > EXACT_UP_TO
-        found = found[:-1]
     counts = dict(zip(counted, (int(n) for n in found[:-1]), strict=True))
     estimated = set()
     for name, n in counts.items():
@@ -169,7 +150,6 @@ def overview(rows: Any, now: datetime) -> Overview:
     return Overview(
         tiles=tiles,
         next_due_wait=max((now - waiting_since).total_seconds(), 0.0) if waiting_since is not None else None,
-        head_bounded=head_bounded,
         hours=finished_per_hour(rows, now),
     )
 

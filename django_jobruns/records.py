@@ -180,17 +180,16 @@ def in_state(rows: Any, state: str, now: datetime | None = None) -> Any:
     now = now or timezone.now()
     running = rows.filter(status=Status.RUNNING)
     if state == "backoff":
-        return running.filter(next_attempt_at__gt=now)
+        return rows.backing_off(now)
     if state == "leased":
-        return running.filter(lease_holder__isnull=False, lease_expires_at__gt=now)
+        return rows.leased(now)
     if state == "lapsed":
-        return running.filter(lease_holder__isnull=False, lease_expires_at__lte=now)
+        return rows.lapsed(now)
     if state == "paused":
-        return running.filter(paused_at__isnull=False)
+        return rows.paused()
     known = Q()
     for entry in registered_jobs():
         known |= Q(module=entry.module, job=entry.name)
-    from .drive import marked_unregistered
+    from .models import MARKED_UNREGISTERED
 
-    marked = marked_unregistered()
-    return running.filter(~known | marked) if known else running
+    return running.filter(~known | MARKED_UNREGISTERED) if known else running

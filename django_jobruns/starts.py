@@ -120,7 +120,13 @@ def start_job_run(job: Job | str, *, instance: str = "default", payload: Any = N
     def build() -> JobRun:
         now = db.now()
         return JobRun(
-            module=entry.module, job=entry.name, instance=instance, payload=text, started_at=now, updated_at=now
+            module=entry.module,
+            job=entry.name,
+            instance=instance,
+            payload=text,
+            started_at=now,
+            updated_at=now,
+            due_at=now,
         )
 
     run, created = _start_or_join(entry.label, build)
@@ -171,6 +177,7 @@ def restart_job_run(run: JobRun | str, *, resume: bool = False) -> tuple[JobRun,
             restarted_from=current,
             started_at=now,
             updated_at=now,
+            due_at=now,
         )
 
     def mark(successor: JobRun) -> bool:

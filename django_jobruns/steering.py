@@ -97,6 +97,6 @@ def unpause_job_run(run: JobRun | str) -> JobRun:
 
 def retry_job_run_now(run: JobRun | str) -> JobRun:
     """Make a live run waiting out its backoff due at once (a paused one stays paused)."""
-    current = _steer(run, "retried", **transitions.made_due())
+    current = _steer(run, "retried", **transitions.made_due(db.now()))
     signals.notify_due()
     return current

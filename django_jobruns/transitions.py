@@ -67,12 +67,14 @@ def advanced(
         "last_error": None,
         "next_attempt_at": None,
         "updated_at": now,
+        # Due again from now: behind the runs already waiting (live runs take turns, D9).
+        "due_at": now,
     }
     if warning:
         fields["last_warning"] = warning
     if done:
         # An operator's pause that landed during the last pass ends with the run.
-        fields.update(status=Status.DONE, ended_at=now, live=None, paused_at=None)
+        fields.update(status=Status.DONE, ended_at=now, live=None, paused_at=None, due_at=None)
     if done or lease_until is None:
         fields.update(lease_holder=None, lease_expires_at=None)
     else:
@@ -98,9 +100,9 @@ def attempt_failed(attempts: int, error: str, now: datetime, *, next_attempt_at:
         "lease_expires_at": None,
     }
     if next_attempt_at is None:
-        fields.update(status=Status.FAILED, ended_at=now, next_attempt_at=None, live=None)
+        fields.update(status=Status.FAILED, ended_at=now, next_attempt_at=None, live=None, due_at=None)
     else:
-        fields["next_attempt_at"] = next_attempt_at
+        fields.update(next_attempt_at=next_attempt_at, due_at=next_attempt_at)  # due when the backoff ends
     return fields
 
 
@@ -110,6 +112,7 @@ def abandoned(error: str, now: datetime) -> dict[str, Any]:
         "status": Status.FAILED,
         "ended_at": now,
         "next_attempt_at": None,
+        "due_at": None,
         "live": None,
         "last_error": error,
         "updated_at": now,
@@ -137,6 +140,7 @@ def cancelled(note: str, now: datetime) -> dict[str, Any]:
         "updated_at": now,
         "paused_at": None,
         "next_attempt_at": None,
+        "due_at": None,
         "lease_holder": None,
         "lease_expires_at": None,
         "lease_fence": F("lease_fence") + 1,
@@ -153,6 +157,6 @@ def unpaused(now: datetime) -> dict[str, Any]:
     return {"paused_at": None, "updated_at": now}
 
 
-def made_due() -> dict[str, Any]:
-    """A run waiting out its backoff is due at once."""
-    return {"next_attempt_at": None}
+def made_due(now: datetime) -> dict[str, Any]:
+    """A run waiting out its backoff is due at once: its backoff ends now."""
+    return {"next_attempt_at": None, "due_at": now}

@@ -268,7 +268,10 @@ def test_report_as_dict_and_summary(behaviour, clock):
 def test_d1_orphans_ahead_of_a_runnable_run_cost_a_few_reads(behaviour, clock):
     now = clock.now
     JobRun.objects.bulk_create(
-        [JobRun(module="elsewhere", job="gone", instance=f"o{i}", started_at=now, updated_at=now) for i in range(120)]
+        [
+            JobRun(module="elsewhere", job="gone", instance=f"o{i}", started_at=now, updated_at=now, due_at=now)
+            for i in range(120)
+        ]
     )
     (run,) = _runs(behaviour, 1, lambda p: {"cursor": 1})
     with CaptureQueriesContext(connection) as ctx:
@@ -329,8 +332,9 @@ def test_d9_a_run_that_backed_off_queues_behind_runs_that_became_due_before_it()
     clock.advance(minutes=30)
     second, _ = start_job_run("tests.scripted", instance="second")
     # "second" became due 10 minutes ago (its start); "first" when its backoff ended, 5 minutes ago.
-    JobRun.objects.filter(pk=second.pk).update(started_at=clock.now - timedelta(minutes=10))
-    JobRun.objects.filter(pk=first.pk).update(next_attempt_at=clock.now - timedelta(minutes=5))
+    ago_10, ago_5 = clock.now - timedelta(minutes=10), clock.now - timedelta(minutes=5)
+    JobRun.objects.filter(pk=second.pk).update(started_at=ago_10, due_at=ago_10)
+    JobRun.objects.filter(pk=first.pk).update(next_attempt_at=ago_5, due_at=ago_5)
     assert run_due_jobs(now=clock, limit=1).completed == 1
     assert calls[-1] == "second"
     assert run_due_jobs(now=clock, limit=1).completed == 1
@@ -345,19 +349,22 @@ def test_d9_due_is_one_rule_in_python_the_orm_and_the_drives_due_read():
 
     clock = Clock()
     runs = [start_job_run("tests.walk", instance=f"agree{i}")[0] for i in range(9)]
-    JobRun.objects.filter(pk=runs[1].pk).update(next_attempt_at=clock.now - timedelta(seconds=1))
-    JobRun.objects.filter(pk=runs[2].pk).update(next_attempt_at=clock.now + timedelta(hours=1))  # backing off
+    JobRun.objects.filter(pk=runs[1].pk).update(
+        next_attempt_at=clock.now - timedelta(seconds=1), due_at=clock.now - timedelta(seconds=1)
+    )
+    later = clock.now + timedelta(hours=1)
+    JobRun.objects.filter(pk=runs[2].pk).update(next_attempt_at=later, due_at=later)  # backing off
     JobRun.objects.filter(pk=runs[3].pk).update(paused_at=clock.now)  # paused
     JobRun.objects.filter(pk=runs[4].pk).update(lease_holder="h", lease_expires_at=clock.now + timedelta(1))  # held
-    JobRun.objects.filter(pk=runs[5].pk).update(started_at=clock.now - timedelta(days=3))
+    JobRun.objects.filter(pk=runs[5].pk).update(due_at=clock.now - timedelta(days=3))
     JobRun.objects.filter(pk=runs[6].pk).update(lease_holder="h", lease_expires_at=clock.now)  # lapsed: due
-    JobRun.objects.filter(pk=runs[7].pk).update(next_attempt_at=clock.now)  # backoff ends now: due
+    JobRun.objects.filter(pk=runs[7].pk).update(next_attempt_at=clock.now, due_at=clock.now)  # backoff ends now
     JobRun.objects.filter(pk=runs[8].pk).update(status=Status.DONE, live=None, ended_at=clock.now)  # ended
     python = {run.pk for run in JobRun.objects.all() if run.is_due(clock.now)}
     orm = list(JobRun.objects.due(clock.now).in_due_order().values_list("id", flat=True))
     raw = [row.id for row in store().due(clock.now, None, 50)]
     assert orm == raw and set(orm) == python == {runs[i].pk for i in (0, 1, 5, 6, 7)}
-    assert orm[0] == runs[5].pk, "the oldest start first"
+    assert orm[0] == runs[5].pk, "the longest waiting first"
     # Paging after a row continues in the same order.
     (first,) = store().due(clock.now, None, 1)
     rest = [row.id for row in store().due(clock.now, first, 50)]

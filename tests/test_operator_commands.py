@@ -108,7 +108,9 @@ def test_the_commands_run_as_an_operator_types_them():
 
 def test_retry_now_on_a_paused_run_says_it_stays_paused_and_exits_non_zero():
     run, _ = start_job_run("tests.walk", instance="held", payload={"log": "/dev/null"})
-    JobRun.objects.filter(pk=run.pk).update(paused_at=timezone.now(), next_attempt_at=timezone.now())
+    JobRun.objects.filter(pk=run.pk).update(
+        paused_at=timezone.now(), next_attempt_at=timezone.now(), due_at=timezone.now()
+    )
     err = StringIO()
     with pytest.raises(CommandError, match="could not be made due now"):
         call_command("retry_job_run_now", run.id, stdout=StringIO(), stderr=err)
@@ -143,7 +145,8 @@ def test_health_is_quiet_and_zero_on_a_healthy_queue():
 
 def test_health_fails_when_the_oldest_due_run_waited_past_the_lag():
     run, _ = start_job_run("tests.walk", instance="stuck", payload={"log": "/dev/null"})
-    JobRun.objects.filter(pk=run.pk).update(started_at=timezone.now() - timedelta(minutes=10))
+    ten_minutes_ago = timezone.now() - timedelta(minutes=10)
+    JobRun.objects.filter(pk=run.pk).update(started_at=ten_minutes_ago, due_at=ten_minutes_ago)
     code, out, err = health("--max-lag", "60")
     assert code == 1 and f"the oldest due run ({run.id}) has waited" in err, err
     report = json.loads(health("--max-lag", "60", "--json")[1])

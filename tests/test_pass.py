@@ -36,7 +36,7 @@ def test_p1_committed_pass_writes_cursor_counters_and_drops_ledger(behaviour, cl
         return {"cursor": {"after": 2}}
 
     run = start(behaviour, "p1", handler)
-    JobRun.objects.filter(pk=run.pk).update(attempts=2, last_error="old", next_attempt_at=clock.now)
+    JobRun.objects.filter(pk=run.pk).update(attempts=2, last_error="old", next_attempt_at=clock.now, due_at=clock.now)
     report = drive(clock)
     run.refresh_from_db()
     assert (report.attempted, report.advanced) == (1, 1)

@@ -34,7 +34,7 @@ def test_each_ending_frees_the_key_and_the_lease_and_each_other_keeps_the_key():
         transitions.released(),
         transitions.paused(NOW),
         transitions.unpaused(NOW),
-        transitions.made_due(),
+        transitions.made_due(NOW),
     ]
     for fields in going_on:
         assert "status" not in fields and "live" not in fields and "ended_at" not in fields, fields

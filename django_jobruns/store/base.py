@@ -147,21 +147,32 @@ class Store:
 
     # -- reads -------------------------------------------------------------------
 
-    def due(self, now: datetime | None, after: DueRow | None, limit: int) -> list[DueRow]:
+    def due(
+        self,
+        now: datetime | None,
+        after: DueRow | None,
+        limit: int,
+        *,
+        jobs: list[tuple[str, str]] | None = None,
+        queues: list[str] | None = None,
+    ) -> list[DueRow]:
         """Up to ``limit`` runs due at ``now`` after the row ``after`` (from the first, if ``None``), in due order.
 
-        ``now`` ``None``: by the database's clock as the statement runs.
+        ``now`` ``None``: by the database's clock as the statement runs. ``jobs``
+        (``(module, job)`` pairs) and ``queues`` (task queues; job runs have none)
+        limit the read in SQL, so the rows it reads are rows the drive may run.
         """
         st = self.statements
         at = st.now_params(now)
+        text = st.due_selected(len(jobs) if jobs else None, len(queues) if queues else None, after=after is not None)
+        params = [*at, *at]
+        for module, job in jobs or ():
+            params += [module, job]
+        params += list(queues or ())
+        if after is not None:
+            params += [after.priority, after.priority, after.due_since, after.due_since, after.id]
         with self.connection.cursor() as cur:
-            if after is not None:
-                cur.execute(
-                    st.due_after,
-                    [*at, *at, after.priority, after.priority, after.due_since, after.due_since, after.id, limit],
-                )
-            else:
-                cur.execute(st.due_first, [*at, *at, limit])
+            cur.execute(text, [*params, limit])
             return [DueRow(*row) for row in cur.fetchall()]
 
     def read_run(self, run_id: str, now: datetime) -> ClaimedRow | None:

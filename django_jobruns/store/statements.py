@@ -132,26 +132,23 @@ class Statements:
         )
         self.read_run = f"SELECT {columns} FROM {run} WHERE {r['id']} = %s"
         # The due read (JobRunQuerySet.due().in_due_order(), JobRun.is_due): runs
-        # in the order they became due -- a run backing off since its next
-        # attempt, any other since its start -- then by id; on PostgreSQL and
-        # SQLite one range of the partial jobruns_due_order index over the runs
-        # in flight. The status is spelled out, not a parameter, so the planner
-        # can match the partial index's predicate.
-        # Higher priority first (tasks of Django's Tasks framework; job runs are 0).
-        since = f"COALESCE({r['next_attempt_at']}, {r['started_at']})"
+        # in the order they became due (``due_at``), then by id; on every
+        # database one range of the jobruns_due_at index over the runs in flight
+        # (partial on PostgreSQL and SQLite: the status is spelled out, not a
+        # parameter, so the planner can match the index's predicate). Higher
+        # priority first (tasks of Django's Tasks framework; job runs are 0).
+        since = r["due_at"]
         priority = r["priority"]
-        due = (
+        self._due = (
             f"SELECT {', '.join(r[name] for name in DUE_FIELDS)}, {since} "
             f"FROM {run} WHERE {r['status']} = '{Status.RUNNING.value}' AND {r['paused_at']} IS NULL "
             f"AND ({r['next_attempt_at']} IS NULL OR {r['next_attempt_at']} <= {now}) "
             f"AND ({r['lease_expires_at']} IS NULL OR {r['lease_expires_at']} <= {now})"
         )
-        order = f"ORDER BY {priority} DESC, {since}, {r['id']}"
-        self.due_first = f"{due} {order} LIMIT %s"
-        self.due_after = (
-            f"{due} AND ({priority} < %s OR ({priority} = %s AND ({since} > %s OR ({since} = %s AND {r['id']} > %s)))) "
-            f"{order} LIMIT %s"
-        )
+        self._order = f"ORDER BY {priority} DESC, {since}, {r['id']}"
+        self._after = f"({priority} < %s OR ({priority} = %s AND ({since} > %s OR ({since} = %s AND {r['id']} > %s))))"
+        self.due_first = self.due_selected(None, None)
+        self.due_after = self.due_selected(None, None, after=True)
         self.ledger = (
             f"SELECT {s['step']}, {s['result']}, {s['attempts']}, {s['last_error']} FROM {step} WHERE {s['run']} = %s"
         )
@@ -222,6 +219,27 @@ class Statements:
     def assignments(self, fields: dict[str, Any]) -> str:
         """``"col" = %s, …`` for these fields; an increment (``F(name) + 1``) is written as SQL, not a parameter."""
         return ", ".join(f"{self.run_columns[name]} = {self._value(name, value)}" for name, value in fields.items())
+
+    def due_selected(self, jobs: int | None, queues: int | None, *, after: bool = False) -> str:
+        """The due read, limited to ``jobs`` (module, job) pairs and ``queues`` task queues when given (D1).
+
+        Job runs have no queue: a drive limited to some queues still reads them.
+        """
+        key = ("due", jobs, queues, after)
+        text = self._cache.get(key)
+        if text is None:
+            r = self.run_columns
+            parts = [self._due]
+            if jobs is not None:
+                pair = f"({r['module']} = %s AND {r['job']} = %s)"
+                parts.append(f"AND ({' OR '.join([pair] * jobs)})")
+            if queues is not None:
+                parts.append(f"AND ({r['queue_name']} IS NULL OR {r['queue_name']} IN ({', '.join(['%s'] * queues)}))")
+            if after:
+                parts.append(f"AND {self._after}")
+            parts.append(f"{self._order} LIMIT %s")
+            text = self._cache[key] = " ".join(parts)
+        return text
 
     def parameters(self, fields: dict[str, Any]) -> list[Any]:
         """The parameters of :meth:`assignments`: the values, datetimes adapted, expiries as the clock sets them."""

@@ -8,7 +8,6 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 from django.db import DatabaseError
-from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django.utils.timesince import timesince
 
@@ -114,13 +113,11 @@ class Command(ScheduledCommand):
         try:
             now = db.now()
             due = JobRun.objects.due(now)
-            oldest = due.order_by(Coalesce("next_attempt_at", "started_at"), "id").values_list(
-                "id", Coalesce("next_attempt_at", "started_at")
-            )[:1]
+            # How long the due runs have waited since they became due (D9), not since they started:
+            # a run driven every second is never late, however old it is.
+            oldest = due.order_by("due_at", "id").values_list("id", "due_at")[:1]
             lag_cutoff = now - timedelta(seconds=max_lag)
-            lapsed = JobRun.objects.filter(
-                status=Status.RUNNING, lease_holder__isnull=False, lease_expires_at__lt=lag_cutoff
-            )
+            lapsed = JobRun.objects.lapsed(lag_cutoff)
             lapsed_count = lapsed.count()
             first = list(oldest)
             counts = {"due": due.count(), "running": JobRun.objects.filter(status=Status.RUNNING).count()}
