@@ -1,0 +1,69 @@
+"""The docs name only what exists: test files and tests, the package's modules and their functions, benches."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+
+import pytest
+
+from tests.conftest import ROOT
+
+DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "CHANGELOG.md", ROOT / "bench" / "RESULTS.md"]
+DOCS += sorted((ROOT / "docs").glob("*.md"))
+MODULES = sorted(
+    path.stem
+    for path in (ROOT / "django_jobruns").iterdir()
+    if (path.suffix == ".py" and path.stem != "__init__") or (path.is_dir() and (path / "__init__.py").exists())
+)
+TEST_REF = re.compile(r"(tests/[\w/]+\.py)(?:::([\w*]+))?")
+NAME_REF = re.compile(r"`((?:" + "|".join(MODULES) + r")(?:\.[A-Za-z_]\w*)+)")
+BENCH_REF = re.compile(r"(?:bench/|\./dev bench )([a-z_]+)(?:\.py)?")
+
+
+def text() -> str:
+    return "\n".join(path.read_text() for path in DOCS if path.exists())
+
+
+def test_every_test_file_and_test_the_docs_name_exists():
+    missing = []
+    for path, name in set(TEST_REF.findall(text())):
+        file = ROOT / path
+        if not file.exists():
+            missing.append(path)
+            continue
+        if name:
+            defined = {node.name for node in ast.walk(ast.parse(file.read_text())) if isinstance(node, ast.FunctionDef)}
+            pattern = re.compile("^" + re.escape(name).replace(r"\*", ".*") + "$")
+            if not any(pattern.match(found) for found in defined):
+                missing.append(f"{path}::{name}")
+    assert missing == [], missing
+
+
+def test_every_module_and_function_the_docs_name_exists():
+    missing = []
+    for ref in sorted(set(NAME_REF.findall(text()))):
+        parts = ref.split(".")
+        if parts[-1] == "py":
+            continue  # a file of a Django project (``admin.py``), not this package's
+        target: object = None
+        for split in range(len(parts), 0, -1):  # the longest importable module, then attributes
+            try:
+                target = importlib.import_module("django_jobruns." + ".".join(parts[:split]))
+            except ImportError:
+                continue
+            try:
+                for attr in parts[split:]:
+                    target = getattr(target, attr)
+            except AttributeError:
+                target = None
+            break
+        if target is None:
+            missing.append(ref)
+    assert missing == [], missing
+
+
+@pytest.mark.parametrize("name", sorted(set(BENCH_REF.findall(text())) - {"perf", "RESULTS"}))
+def test_every_bench_the_docs_name_exists(name):
+    assert (ROOT / "bench" / f"{name}.py").exists() or (ROOT / "bench" / name).is_dir(), name
