@@ -404,6 +404,12 @@ class _Drive:
         job = lookup(row.module, row.job)
         if job is None:  # unregistered since the due read: step over it
             return True
+        # Each statement under the claim bounded by half the claim's own lease (D15): a job's short
+        # lease under a drive's long one still has its statements cut while its lease holds.
+        with watchdog.bounding(self.options.lease_for(job).total_seconds() / 2):
+            return self._handle(row, job)
+
+    def _handle(self, row: DueRow, job: Job) -> bool:
         with self.slots_lock:
             if self.slots == 0:
                 return False  # ``limit`` runs taken

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .records import JobRunRecord
+from typing import Any
 
 from django.db import models
 from django.db.models import Q
@@ -293,12 +290,6 @@ class JobRun(models.Model):
             and (self.next_attempt_at is None or self.next_attempt_at <= now)
             and self.lease_free(now)
         )
-
-    def as_record(self) -> JobRunRecord:
-        """This run decoded as the operator read gives it (see ``job_runs``)."""
-        from .records import JobRunRecord
-
-        return JobRunRecord.from_row(self)
 
 
 class JobStep(models.Model):

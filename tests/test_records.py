@@ -11,6 +11,7 @@ from django.test.utils import CaptureQueriesContext
 
 from django_jobruns import job_runs, start_job_run
 from django_jobruns.models import JobRun, Status
+from django_jobruns.records import JobRunRecord
 
 pytestmark = pytest.mark.django_db
 
@@ -80,5 +81,5 @@ def test_a_run_decodes_itself_as_the_operator_read_does():
     run, _ = start_job_run("tests.walk", instance="self", payload={"a": [1]})
     JobRun.objects.filter(pk=run.pk).update(counters="{broken")
     run.refresh_from_db()
-    record = run.as_record()
+    record = JobRunRecord.from_row(run)
     assert record.payload == {"a": [1]} and record.counters == {} and record.decode_error.startswith("counters:")
