@@ -101,8 +101,9 @@ def test_the_due_read_is_a_range_of_the_due_order_index():
             for i in range(1000)
         ]
     )
-    with connection.cursor() as cur:
-        cur.execute("ANALYZE")
+    if connection.vendor != "mysql":  # MySQL's ANALYZE TABLE commits the test's transaction
+        with connection.cursor() as cur:
+            cur.execute("ANALYZE")
     queries = captured(lambda: store().due(timezone.now(), None, 50))
     text = plan(queries[0])
     assert "jobruns_due_at" in text, text
