@@ -12,29 +12,30 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from datetime import datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any
 
 from django.db import DatabaseError
-from django.db.models import Q
 from django.utils import timezone
 
 from . import conf, db, keepalive, telemetry, waiting, watchdog
 from .claims import Claim, Claimed, default_holder, holder_name
+from .due import due_rows, marked_unregistered
 from .exceptions import DatabaseReadOnly, DriveInTransaction, InvalidDriveOptions
-from .models import MARKED_UNREGISTERED, JobRun, Status
+from .models import JobRun, Status
 from .options import DriveOptions, StopSignal, drive_clock, lease_length, positive_int
 from .outcomes import TRANSIENT, UNREGISTERED_WARNING, Outcome, summary
 from .passes import PassObserver as PassObserver  # the drive's hook for testing tools
 from .passes import load_ledger, observing, run_pass
 from .registry import Job, lookup
 from .report import Count, DriveReport
-from .store import DueRow, store
+from .store import DueRow
 
 __all__ = [
+    "due_rows",
+    "marked_unregistered",
     "UNREGISTERED_WARNING",
     "DriveOptions",
     "DriveReport",
@@ -102,33 +103,15 @@ def run_due_jobs(
         return report
     if not options.jobs:
         return report
-    with _traced(options.holder) as traced:
+    with telemetry.traced_drive(options.holder) as traced:
         _drive(report, options, stop, traced)
     if stop is not None and stop.is_set():
         report.stopped = True  # asked to stop while its last pass ran (D18)
     return report
 
 
-class _Telemetry(NamedTuple):
-    """A drive's telemetry: what to record with, and the context its passes are children of."""
-
-    recorder: telemetry.Telemetry
-    parent: Any
-
-
-@contextmanager
-def _traced(holder: str) -> Iterator[_Telemetry | None]:
-    """A drive's telemetry, under the drive's span; ``None`` when nothing is configured to record (no cost)."""
-    recorder = telemetry.current()
-    if recorder is None:
-        yield None
-        return
-    with recorder.driving(holder) as parent:
-        yield _Telemetry(recorder, parent)
-
-
 def _drive(
-    report: DriveReport, options: DriveOptions, stop: StopSignal | None, traced: _Telemetry | None
+    report: DriveReport, options: DriveOptions, stop: StopSignal | None, traced: telemetry.Traced | None
 ) -> DriveReport:
     if options.budget is None:
         _round_on_a_live_connection(report, options, deadline=None, traced=traced)
@@ -167,7 +150,7 @@ def _refuse_callers_transaction() -> None:
 
 
 def _round_on_a_live_connection(
-    report: DriveReport, options: DriveOptions, deadline: float | None, *, traced: _Telemetry | None = None
+    report: DriveReport, options: DriveOptions, deadline: float | None, *, traced: telemetry.Traced | None = None
 ) -> bool:
     """One round; a connection lost under its due read is replaced and the read made again (D15).
 
@@ -202,110 +185,11 @@ def _round_on_a_live_connection(
     return False
 
 
-def due_rows(
-    jobs: Iterable[Job],
-    now: datetime | None,
-    limit: int,
-    scan_max: int,
-    report: DriveReport,
-    queues: frozenset[str] | None = None,
-    *,
-    limited: bool = False,
-) -> list[DueRow]:
-    """Read the oldest due runs of ``jobs`` at ``now`` (``None``: by the database's clock), until ``limit`` are found.
-
-    ``limit`` counts runnable runs, not rows read: runs of jobs this process
-    does not drive (another deployment's, or a registration since removed) are
-    stepped over, never failed, and the read pages past them -- at most
-    ``scan_max`` rows, so a table full of them cannot turn a drive into a scan.
-    A drive ``limited`` to some jobs, or given ``queues``, asks the database for
-    those only (D1): a backlog of other runs never starves it.
-    """
-    wanted = {entry.key for entry in jobs}
-    pairs = sorted(wanted) if limited else None
-    chosen = sorted(queues) if queues is not None else None
-    # Runs this drive already stepped over (a task it cannot import): looked at once per drive.
-    stepped = {run_id for ids in report.unregistered_runs.values() for run_id in ids}
-    found: list[DueRow] = []
-    unregistered: list[DueRow] = []
-    scanned = 0
-    after: DueRow | None = None
-    while len(found) < limit and scanned < scan_max:
-        # Pages of at least 50 rows, so that a small limit behind many orphans
-        # costs a few reads rather than one per orphan.
-        page = min(max(limit, 50), scan_max - scanned)
-        batch = store().due(now, after, page, jobs=pairs, queues=chosen)
-        scanned += len(batch)
-        for row in batch:
-            if queues is not None and row.queue_name is not None and row.queue_name not in queues:
-                continue  # a task of a queue this drive does not work
-            if row.id in stepped:
-                continue
-            if (row.module, row.job) in wanted:
-                found.append(row)
-            elif lookup(row.module, row.job) is None:
-                unregistered.append(row)
-        if len(batch) < page:
-            break  # the end of the due runs
-        after = batch[-1]
-    if unregistered:
-        _say_unregistered(unregistered, report)
-    return found[:limit]
-
-
-def marked_unregistered() -> Q:
-    """The runs a drive marked with :data:`UNREGISTERED_WARNING`, as a filter (``models.MARKED_UNREGISTERED``)."""
-    return MARKED_UNREGISTERED
-
-
-def _say_unregistered(rows: list[DueRow], report: DriveReport) -> None:
-    """Name the jobs nobody here drives, once per drive each, and mark their runs once for the admin.
-
-    The mark is the run's ``last_warning``, written the first time any drive
-    steps over the run (one UPDATE of the new ones), never again: a look every
-    poll costs no writes.
-    """
-    new: dict[str, list[str]] = {}
-    for row in rows:
-        label = f"{row.module}.{row.job}"
-        seen = report.unregistered_runs.setdefault(label, set())
-        if row.id not in seen:  # counted once per drive, however often it looks
-            seen.add(row.id)
-            report.add(Count.UNREGISTERED)
-            new.setdefault(label, []).append(row.id)
-    for label, ids in new.items():
-        if len(report.unregistered_runs[label]) == len(ids):  # the first sighting of this job in this drive
-            logger.warning(
-                "%d due run(s) of job %s are not driven: no job of that name is registered in this process (jobs "
-                "are registered when Django imports each installed app's jobs.py); e.g. run %s",
-                len(ids),
-                label,
-                ids[0],
-            )
-    marked = [run_id for ids in new.values() for run_id in ids]
-    if not marked:
-        return
-    from . import watchdog
-
-    note = (
-        f"{UNREGISTERED_WARNING} in the process that drove it ({default_holder()}), seen "
-        f"{db.now():%Y-%m-%d %H:%M:%S} UTC: the job must be registered (in an installed app's jobs.py) "
-        "in the processes that run run_due_jobs"
-    )
-    try:
-        with watchdog.guarded(db.connection()):
-            JobRun.objects.using(db.alias()).filter(pk__in=marked, status=Status.RUNNING).exclude(
-                marked_unregistered()
-            ).update(last_warning=note)
-    except DatabaseError:
-        logger.debug("could not mark the runs whose job is not registered", exc_info=True)
-
-
 class _Drive:
     """One round of a drive: the due read, then each run claimed, driven and released."""
 
     def __init__(
-        self, report: DriveReport, options: DriveOptions, deadline: float | None, traced: _Telemetry | None = None
+        self, report: DriveReport, options: DriveOptions, deadline: float | None, traced: telemetry.Traced | None = None
     ) -> None:
         self.report = report
         self.options = options
@@ -561,6 +445,6 @@ def drive_run(
         lapsed = run.lease_expires_at is not None and run.lease_expires_at <= options.clock()
         held_by = run.lease_holder if lapsed else None
         row = DueRow(run.id, run.lease_fence, run.module, run.job, held_by, run.queue_name, run.priority, run.due_at)
-        with _traced(options.holder) as traced:
+        with telemetry.traced_drive(options.holder) as traced:
             _Drive(report, options, None, traced).handle(row)
     return report

@@ -12,25 +12,20 @@
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import difflib
 import json
 import logging
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, TypeVar
 
 from django.db import DatabaseError
 
-from . import conf, db, signals, transitions
+from . import db, signals, transitions
 from .claims import Claim
 from .deadlocks import retry_deadlocks
 from .exceptions import (
-    InvalidPassResult,
-    InvalidStepName,
     LeaseLost,
     StepExhausted,
     StepInTransaction,
@@ -40,6 +35,10 @@ from .exceptions import (
     StepReused,
 )
 from .models import JobRun
+from .observers import AbandonPass as AbandonPass  # re-exported: the testing helpers' simulated death
+from .observers import PassObserver as PassObserver
+from .observers import _observer
+from .observers import observing as observing
 from .outcomes import (
     LOST,
     MAX_SUMMARY_CHARS,
@@ -51,7 +50,7 @@ from .outcomes import (
     summary,
     with_traceback,
 )
-from .queue_safety import decode, decode_counters, dump_queue_safe, dump_result
+from .queue_safety import check_result_size, check_step_name, decode, decode_counters, dump_result, interpret_result
 from .registry import Job
 from .retry import RetryPolicy
 from .store import Ledger, store
@@ -60,59 +59,6 @@ from .telemetry import Telemetry
 logger = logging.getLogger("django_jobruns")
 
 T = TypeVar("T")
-
-_RESULT_KEYS = ("cursor", "done")
-
-
-class PassObserver:
-    """The drive's hook for testing tools: sees each pass and each step a drive runs.
-
-    Installed with :func:`observing` for the code inside a ``with`` block, in
-    that thread (a drive with ``concurrency`` > 1 runs its passes in threads of
-    its own, which it does not see). Override what you need:
-
-    - ``pass_started(run)`` before the handler is called;
-    - ``step(p, name, body, perform)`` in place of each ``p.step(name, body)``:
-      ``perform(fn)`` runs the step -- memo, retry policy, fence and all --
-      with ``fn`` as its body, and returns what ``p.step`` returns. Wrap
-      ``body`` to see whether it ran; raise :class:`AbandonPass` after
-      ``perform`` to simulate a crash right after the step's memo committed;
-    - ``pass_ended(run, outcome)`` after the pass's outcome was written (not
-      when the pass was abandoned).
-
-    ``django_jobruns.testing.assert_resumable`` is built on it.
-    """
-
-    def pass_started(self, run: JobRun) -> None:
-        pass
-
-    def step(self, p: Pass, name: str, body: Callable[[], Any], perform: Callable[[Callable[[], Any]], Any]) -> Any:
-        return perform(body)
-
-    def pass_ended(self, run: JobRun, outcome: PassOutcome) -> None:
-        pass
-
-
-_observer: contextvars.ContextVar[PassObserver | None] = contextvars.ContextVar("jobruns_observer", default=None)
-
-
-@contextlib.contextmanager
-def observing(observer: PassObserver) -> Iterator[None]:
-    """Let ``observer`` see the passes and steps driven in this thread inside the ``with`` block."""
-    token = _observer.set(observer)
-    try:
-        yield
-    finally:
-        _observer.reset(token)
-
-
-class AbandonPass(BaseException):  # noqa: N818 -- it is not an error: it is a simulated death
-    """Raised inside a pass to abandon it as if its process died there.
-
-    Nothing is recorded and the lease is not given back: the run is taken over
-    when the lease lapses, and that silent pass charged, as for a killed worker.
-    The testing helpers raise it to simulate crashes.
-    """
 
 
 @dataclass(frozen=True)
@@ -292,7 +238,7 @@ class Pass:
                     f"step {name!r} returned {type(value).__name__}, which has no JSON form; "
                     "a step's result is stored, so return JSON-able data"
                 ) from exc
-            _check_result_size(name, stored)
+            check_result_size(name, stored)
         except BaseException as exc:
             self._record_step(name, None, attempts, storable(summary(exc)))
             self._failed_step = _StepFailure(name, attempts, policy, exc)
@@ -309,61 +255,6 @@ class Pass:
 
     def _unused_memos(self) -> list[str]:
         return sorted(name for name, row in self._ledger.items() if row.result is not None and name not in self._used)
-
-
-def _check_result_size(name: str, stored: str) -> None:
-    """Refuse a step result over ``JOBRUNS["STEP_RESULT_MAX_BYTES"]``: every database must be able to store it."""
-    cap = int(conf.get("STEP_RESULT_MAX_BYTES"))
-    size = len(stored.encode())
-    if size > cap:
-        raise StepResultUnstorable(
-            f"step {name!r} returned {size} bytes as JSON, over the cap of {cap} (JOBRUNS['STEP_RESULT_MAX_BYTES']); "
-            "a step's result is stored: keep large data elsewhere and return its key"
-        )
-
-
-def check_step_name(name: Any) -> None:
-    """Refuse, before the body runs, a step name the database cannot store."""
-    if not isinstance(name, str) or not name or len(name) > 255:
-        raise InvalidStepName(f"a step name is non-empty text of at most 255 characters, got {name!r:.300}")
-    if "\x00" in name:
-        raise InvalidStepName(f"step name {name!r:.300} contains NUL, which databases cannot store")
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidStepName(
-            f"step name {name!r:.300} is not valid Unicode text (a lone surrogate), which databases cannot store"
-        ) from None
-
-
-def interpret_result(result: Any, current_cursor: str | None) -> tuple[str | None, bool]:
-    """Return ``(cursor text to store, done)`` for a handler's return value.
-
-    A missing ``cursor`` key keeps the cursor; ``{"cursor": None}`` resets it
-    (stored as JSON ``null``). Any other key is refused, so a typo cannot
-    silently keep the cursor.
-    """
-    if result is None:
-        return current_cursor, False
-    if not isinstance(result, Mapping):
-        raise InvalidPassResult(
-            "a handler returns None or a mapping with 'cursor' and/or 'done', "
-            f"got {type(result).__name__}: {result!r:.200}"
-        )
-    unknown = [key for key in result if key not in _RESULT_KEYS]
-    if unknown:
-        hints = []
-        for key in unknown:
-            close = difflib.get_close_matches(str(key), _RESULT_KEYS, n=1)
-            hints.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
-        raise InvalidPassResult(
-            f"the handler's result has unknown key(s) {', '.join(hints)}; only 'cursor' and 'done' are allowed"
-        )
-    done = result.get("done", False)
-    if type(done) is not bool:
-        raise InvalidPassResult(f"the handler's 'done' must be True or False, got {done!r:.100}")
-    cursor = dump_queue_safe(result["cursor"], "cursor") if "cursor" in result else current_cursor
-    return cursor, done
 
 
 def run_pass(

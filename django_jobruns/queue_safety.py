@@ -11,13 +11,16 @@ here, naming the path, before anything is written.
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 
-from .exceptions import QueueUnsafe, UndecodableRun
+from . import conf
+from .exceptions import InvalidPassResult, InvalidStepName, QueueUnsafe, StepResultUnstorable, UndecodableRun
 
 _WHY = "a run carries ids and configuration: JSON's own values (dict, list, str, int, float, bool, None)"
 
@@ -144,3 +147,62 @@ def decode_counters(text: str | None) -> dict[str, int | float]:
         if type(value) not in (int, float) or not math.isfinite(value):
             raise UndecodableRun(f"the run's counter {name!r} is not a finite number: {value!r:.100}")
     return counters
+
+
+#: The keys a handler's result may have.
+_RESULT_KEYS = ("cursor", "done")
+
+
+def check_result_size(name: str, stored: str) -> None:
+    """Refuse a step result over ``JOBRUNS["STEP_RESULT_MAX_BYTES"]``: every database must be able to store it."""
+    cap = int(conf.get("STEP_RESULT_MAX_BYTES"))
+    size = len(stored.encode())
+    if size > cap:
+        raise StepResultUnstorable(
+            f"step {name!r} returned {size} bytes as JSON, over the cap of {cap} (JOBRUNS['STEP_RESULT_MAX_BYTES']); "
+            "a step's result is stored: keep large data elsewhere and return its key"
+        )
+
+
+def check_step_name(name: Any) -> None:
+    """Refuse, before the body runs, a step name the database cannot store."""
+    if not isinstance(name, str) or not name or len(name) > 255:
+        raise InvalidStepName(f"a step name is non-empty text of at most 255 characters, got {name!r:.300}")
+    if "\x00" in name:
+        raise InvalidStepName(f"step name {name!r:.300} contains NUL, which databases cannot store")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidStepName(
+            f"step name {name!r:.300} is not valid Unicode text (a lone surrogate), which databases cannot store"
+        ) from None
+
+
+def interpret_result(result: Any, current_cursor: str | None) -> tuple[str | None, bool]:
+    """Return ``(cursor text to store, done)`` for a handler's return value.
+
+    A missing ``cursor`` key keeps the cursor; ``{"cursor": None}`` resets it
+    (stored as JSON ``null``). Any other key is refused, so a typo cannot
+    silently keep the cursor.
+    """
+    if result is None:
+        return current_cursor, False
+    if not isinstance(result, Mapping):
+        raise InvalidPassResult(
+            "a handler returns None or a mapping with 'cursor' and/or 'done', "
+            f"got {type(result).__name__}: {result!r:.200}"
+        )
+    unknown = [key for key in result if key not in _RESULT_KEYS]
+    if unknown:
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(str(key), _RESULT_KEYS, n=1)
+            hints.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
+        raise InvalidPassResult(
+            f"the handler's result has unknown key(s) {', '.join(hints)}; only 'cursor' and 'done' are allowed"
+        )
+    done = result.get("done", False)
+    if type(done) is not bool:
+        raise InvalidPassResult(f"the handler's 'done' must be True or False, got {done!r:.100}")
+    cursor = dump_queue_safe(result["cursor"], "cursor") if "cursor" in result else current_cursor
+    return cursor, done

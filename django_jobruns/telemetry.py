@@ -26,7 +26,7 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 try:
     from opentelemetry import context as otel_context
@@ -289,3 +289,21 @@ def _start_link(stored: str | None) -> list[Any]:
     if not span_context.is_valid:
         return []
     return [otel_trace.Link(span_context, {"jobruns.link": "start"})]
+
+
+class Traced(NamedTuple):
+    """A drive's telemetry: what to record with, and the context its passes are children of."""
+
+    recorder: Telemetry
+    parent: Any
+
+
+@contextlib.contextmanager
+def traced_drive(holder: str) -> Iterator[Traced | None]:
+    """A drive's telemetry, under the drive's span; ``None`` when nothing is configured to record (no cost)."""
+    recorder = current()
+    if recorder is None:
+        yield None
+        return
+    with recorder.driving(holder) as parent:
+        yield Traced(recorder, parent)

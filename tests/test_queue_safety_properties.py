@@ -134,7 +134,7 @@ def test_q3_integers_are_accepted_exactly_within_64_bits(number):
 @example("lone \udc80 surrogate")
 def test_step_names_the_databases_cannot_store_are_refused_and_the_rest_accepted(name):
     from django_jobruns.exceptions import InvalidStepName
-    from django_jobruns.passes import check_step_name
+    from django_jobruns.queue_safety import check_step_name
 
     storable = bool(name) and len(name) <= 255 and "\x00" not in name
     try:
