@@ -12,8 +12,6 @@ result its worker ids, attempts, start times and errors.
 from __future__ import annotations
 
 import contextvars
-import importlib
-import json
 import logging
 import re
 import traceback
@@ -24,14 +22,31 @@ from typing import Any
 
 from django.core import checks
 from django.db import transaction
-from django.utils.dateparse import parse_datetime
 from django.utils.module_loading import import_string
 
 from . import db, telemetry
 from .conf import duration
-from .exceptions import GiveUp, StoppedReporting, TaskNotImportable, TaskValueUnstorable
+from .exceptions import GiveUp, TaskNotImportable, TaskValueUnstorable
 from .registry import Job, add, lookup
 from .retry import RetryPolicy
+from .task_results import (
+    BaseTaskBackend,
+    Task,
+    TaskContext,
+    TaskPayload,
+    TaskResult,
+    _json_form,
+    build_result,
+    task_backends,
+    task_enqueued,
+    task_finished,
+    task_of,
+    task_started,
+)
+from .task_results import TaskError as TaskError
+from .task_results import TaskResultDoesNotExist as TaskResultDoesNotExist
+from .task_results import TaskResultStatus as TaskResultStatus
+from .task_results import normalize_json as normalize_json
 
 # No model is imported here at import time: a project that names this backend in
 # TASKS without the app in INSTALLED_APPS must get the check that says so
@@ -43,43 +58,6 @@ OPTIONS = ("RETRY", "LEASE_TTL", "TIMEOUT")
 #: What a result id looks like: a ULID, as the runs' ids are (uppercase Crockford base 32).
 _ULID = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}")
 
-
-def _framework(name: str) -> Any:
-    """A module of Django's Tasks framework: ``django.tasks`` (Django 6), else the ``django_tasks`` backport."""
-    try:
-        return importlib.import_module(f"django.tasks{name}")
-    except ImportError:
-        return importlib.import_module(f"django_tasks{name}")
-
-
-def _normalizer() -> Callable[[Any], Any]:
-    """How Django's own backends store arguments and return values: Django 6's, else the backport's."""
-    for module in ("django.utils.json", "django_tasks.utils"):
-        try:
-            found: Callable[[Any], Any] = importlib.import_module(module).normalize_json
-        except (ImportError, AttributeError):
-            continue
-        return found
-    raise ImportError("neither django.utils.json nor django_tasks.utils has normalize_json")
-
-
-normalize_json = _normalizer()
-
-_base = _framework(".base")
-_exceptions = _framework(".exceptions")
-_signals = _framework(".signals")
-BaseTaskBackend: Any = _framework(".backends.base").BaseTaskBackend
-Task: Any = _base.Task
-TaskContext: Any = _base.TaskContext
-TaskError: Any = _base.TaskError
-TaskResult: Any = _base.TaskResult
-TaskResultStatus: Any = _base.TaskResultStatus
-#: What ``get_result`` raises for an id that is not a task run of this backend.
-TaskResultDoesNotExist: Any = _exceptions.TaskResultDoesNotExist
-task_enqueued: Any = _signals.task_enqueued
-task_started: Any = _signals.task_started
-task_finished: Any = _signals.task_finished
-task_backends: Any = _framework("").task_backends
 
 logger = logging.getLogger("django_jobruns")
 
@@ -132,11 +110,6 @@ def _in_event_loop() -> bool:
     return True
 
 
-def _json_form(value: Any) -> Any:
-    """``value`` as Django's own backends store it (``normalize_json``), then through JSON: what a result reads."""
-    return json.loads(json.dumps(normalize_json(value), allow_nan=False))
-
-
 class JobRunsBackend(BaseTaskBackend):  # type: ignore[misc]
     """Django's Tasks on django-jobruns: durable, leased, retried, cancellable runs."""
 
@@ -162,13 +135,13 @@ class JobRunsBackend(BaseTaskBackend):  # type: ignore[misc]
                     f"the task's {name} must be JSON ({exc}): {task.module_path} was not enqueued"
                 ) from None
         args, kwargs = values
-        payload = {
-            "task": task.module_path,
-            "args": args,
-            "kwargs": kwargs,
-            "run_after": task.run_after.isoformat() if task.run_after is not None else None,
-            "takes_context": task.takes_context,
-        }
+        payload = TaskPayload(
+            task=task.module_path,
+            args=args,
+            kwargs=kwargs,
+            run_after=task.run_after.isoformat() if task.run_after is not None else None,
+            takes_context=task.takes_context,
+        )
         with telemetry.starting(f"{TASKS_MODULE}.{self.alias}") as (traced, start):
             run = self._insert(task, payload, start.carrier if start is not None else None)
             if traced is not None and start is not None:
@@ -181,7 +154,7 @@ class JobRunsBackend(BaseTaskBackend):  # type: ignore[misc]
         transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result), using=db.alias())
         return result
 
-    def _insert(self, task: Task, payload: dict[str, Any], trace_context: str | None) -> Any:
+    def _insert(self, task: Task, payload: TaskPayload, trace_context: str | None) -> Any:
         from .models import JobRun, new_run_id
 
         now = db.now()
@@ -191,7 +164,7 @@ class JobRunsBackend(BaseTaskBackend):  # type: ignore[misc]
             module=TASKS_MODULE,
             job=self.alias,
             instance=run_id,  # each enqueue its own run: never coalesced with another
-            payload=json.dumps(payload, separators=(",", ":")),
+            payload=payload.to_json(),
             started_at=now,
             updated_at=now,
             next_attempt_at=task.run_after,
@@ -219,46 +192,7 @@ class JobRunsBackend(BaseTaskBackend):  # type: ignore[misc]
         return self._result(run, task_of(run, self.alias), attempts)
 
     def _result(self, run: Any, task: Task, attempts: list[Any]) -> TaskResult:
-        from .models import Status
-
-        payload = run.payload_value if isinstance(run.payload_value, dict) else {}
-        status = _status(run)
-        finished = run.status != Status.RUNNING
-        errors = []
-        for index, a in enumerate(attempts):
-            if a.error_class:
-                errors.append(TaskError(exception_class_path=a.error_class, traceback=a.traceback or ""))
-            elif a.ended_at is None and (finished or index < len(attempts) - 1):
-                # Never ended, and another attempt came (or the run ended): its worker died.
-                errors.append(_stopped_reporting(a.holder))
-        if run.status == Status.CANCELLED:
-            errors.append(
-                TaskError(
-                    exception_class_path="django_jobruns.exceptions.Cancelled",
-                    traceback=run.last_error or "cancelled",
-                )
-            )
-        elif status == TaskResultStatus.FAILED and not errors:
-            # A failure no attempt recorded (a takeover that spent the policy): the run's own error.
-            text = run.last_error or ""
-            errors.append(TaskError(exception_class_path=_class_path_of(text), traceback=text))
-        result = TaskResult(
-            task=task,
-            id=run.id,
-            status=status,
-            enqueued_at=run.started_at,
-            started_at=attempts[0].started_at if attempts else None,
-            finished_at=run.ended_at if status in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED) else None,
-            last_attempted_at=attempts[-1].started_at if attempts else None,
-            args=payload.get("args", []),
-            kwargs=payload.get("kwargs", {}),
-            backend=self.alias,
-            errors=errors,
-            worker_ids=[a.holder for a in attempts],
-        )
-        if status == TaskResultStatus.SUCCESSFUL:
-            object.__setattr__(result, "_return_value", run.cursor_value)
-        return result
+        return build_result(run, task, attempts, self.alias)
 
     # -- checks ----------------------------------------------------------------
 
@@ -313,58 +247,6 @@ def check_task_backends(app_configs: Any = None, **kwargs: Any) -> list[checks.C
     return [message for alias in ours for message in task_backends[alias].check()]
 
 
-def _stopped_reporting(holder: str) -> Any:
-    from .outcomes import stopped_reporting
-
-    path = f"{StoppedReporting.__module__}.{StoppedReporting.__qualname__}"
-    return TaskError(exception_class_path=path, traceback=stopped_reporting(holder))
-
-
-def _class_path_of(error: str | None) -> str:
-    """The exception class a run's ``last_error`` names, as a dotted path (the engine's own base, if none)."""
-    from . import exceptions
-
-    if error and error.startswith("the pass under holder"):
-        return f"{StoppedReporting.__module__}.{StoppedReporting.__qualname__}"
-    for name in ("PassTimedOut", "GiveUp", "TaskValueUnstorable"):
-        if error and name in error.split("\n", 1)[0]:
-            return f"{exceptions.__name__}.{name}"
-    return f"{exceptions.__name__}.JobRunsError"
-
-
-def _status(run: Any) -> Any:
-    from .models import Status
-
-    if run.status == Status.DONE:
-        return TaskResultStatus.SUCCESSFUL
-    if run.status in (Status.FAILED, Status.CANCELLED):
-        return TaskResultStatus.FAILED
-    if run.is_leased(db.now()):
-        return TaskResultStatus.RUNNING
-    return TaskResultStatus.READY
-
-
-def _unimportable(*args: Any, **kwargs: Any) -> None:
-    """Stands for a task function that can no longer be imported (its result is still readable)."""
-    raise ImportError("the task's function cannot be imported")
-
-
-def task_of(run: Any, alias: str) -> Task:
-    """The ``Task`` a task run was enqueued as (its function imported by its module path)."""
-    payload = run.payload_value if isinstance(run.payload_value, dict) else {}
-    try:
-        found = import_string(payload.get("task", ""))
-    except (ImportError, ValueError):
-        found = None
-    if not isinstance(found, Task):
-        found = Task(func=_unimportable, backend=alias)
-    run_after = parse_datetime(payload["run_after"]) if payload.get("run_after") else None
-    queue_name = run.queue_name or found.queue_name
-    if alias in task_backends and alias != found.backend:
-        return found.using(backend=alias, priority=run.priority, queue_name=queue_name, run_after=run_after)
-    return found.using(priority=run.priority, queue_name=queue_name, run_after=run_after)
-
-
 # -- the internal job: running one task as one pass ------------------------------
 
 
@@ -404,8 +286,8 @@ def _run_task(p: Any) -> dict[str, Any]:
     from .models import JobAttempt
 
     run_id, alias = p.run.id, p.run.job
-    payload = p.payload if isinstance(p.payload, dict) else {}
-    path = payload.get("task", "")
+    payload = TaskPayload.of(p.payload)
+    path = payload.task
     try:
         task = import_string(path)
     except (ImportError, ValueError) as exc:
@@ -420,7 +302,7 @@ def _run_task(p: Any) -> dict[str, Any]:
         raise GiveUp(f"the task {path!r} cannot be run: {error}")
     backend = task_backends[alias] if alias in task_backends else None
     sender = type(backend) if backend is not None else JobRunsBackend
-    takes_context = bool(payload.get("takes_context"))
+    takes_context = payload.takes_context
     signalled = task_started.has_listeners(sender) or task_finished.has_listeners(sender)
     result = None
     if (takes_context or signalled) and isinstance(backend, JobRunsBackend):
@@ -433,7 +315,7 @@ def _run_task(p: Any) -> dict[str, Any]:
         result = backend._result(p._row, task_of(p._row, alias), attempts)
         object.__setattr__(result, "status", TaskResultStatus.RUNNING)
         task_started.send(sender, task_result=result)
-    args, kwargs = payload.get("args", []), payload.get("kwargs", {})
+    args, kwargs = list(payload.args), dict(payload.kwargs)
     token = _current_pass.set(p)
     try:
         if takes_context:

@@ -147,11 +147,10 @@ def of_job(rows: Any, name: str) -> Any:
     from django.db.models import Q
 
     from .models import TASKS_MODULE
+    from .task_results import TaskPayload
 
     module, _, job = name.partition(".")
-    # A task run's payload is stored as compact JSON whose first key is the task's path.
-    prefix = json.dumps({"task": name}, separators=(",", ":"))[:-1] + ","
-    return rows.filter(Q(module=module, job=job) | Q(module=TASKS_MODULE, payload__startswith=prefix))
+    return rows.filter(Q(module=module, job=job) | Q(module=TASKS_MODULE, payload__startswith=TaskPayload.prefix(name)))
 
 
 #: The states an operator looks for among the running runs (the admin's filter, ``job_runs --state``).
