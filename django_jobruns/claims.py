@@ -34,12 +34,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from . import keepalive, outcomes, signals, transitions
 from .conf import MIN_LEASE
 from .db import Clock
+from .deadlocks import retry_deadlocks
 from .exceptions import InvalidDriveOptions, LeaseLost, PassTimedOut, StepResultUnstorable
 from .models import JobRun
 from .outcomes import LOST, TRANSIENT, Outcome, PassOutcome
@@ -314,14 +315,21 @@ class Claim:
         """The lease renewed by a write about to be sent: the value of ``lease_expires_at`` that keeps it."""
         return Expiry(self.clock.lease_now(), self.ttl)
 
-    def commit(self, fields: dict[str, Any], *, drop_ledger: bool) -> Committed | None:
+    def commit(
+        self, cursor: str | None, counters: str, *, done: bool, release: bool, warning: str | None, drop_ledger: bool
+    ) -> Committed | None:
         """Write a committed pass (``transitions.advanced``) and drop its ledger, in one transaction (P1).
 
-        ``None``, and the claim lost, if another claim took the run. When the
-        fields keep the lease (:meth:`extended`: a further pass follows), the
-        lease is counted again from this commit, which reads back the run's pause.
+        ``None``, and the claim lost, if another claim took the run. Unless the
+        run is done or ``release`` says the drive gives it back, the lease is
+        kept for a further pass, counted again from this commit, which reads
+        back the run's pause.
         """
-        keeps = isinstance(fields.get("lease_expires_at"), Expiry)
+        keep_until = None if done or release else self.extended()
+        fields = transitions.advanced(
+            cursor, counters, self.clock(), done=done, lease_until=keep_until, warning=warning
+        )
+        keeps = keep_until is not None
         if not keeps:
             keepalive.forget(self)  # before the last write: no renewal may follow it
         kept_at, sent = time.monotonic(), self.clock.mark()
@@ -332,6 +340,15 @@ class Claim:
         elif keeps:
             self._leased(sent, kept_at)
         return committed
+
+    def fail(self, attempts: int, error: str, *, next_attempt_at: datetime | None) -> bool:
+        """Write a failed pass (``transitions.attempt_failed``): a backoff until ``next_attempt_at``, or failed (P2)."""
+        fields = transitions.attempt_failed(attempts, error, self.clock(), next_attempt_at=next_attempt_at)
+        return retry_deadlocks(lambda: self.write(fields), f"run {self.run_id}: failed pass")
+
+    def step_over(self, note: str) -> bool:
+        """Give the run back untouched and uncharged, ``note`` saying why (``transitions.stepped_over``)."""
+        return self.write(transitions.stepped_over(note))
 
     def write(self, fields: dict[str, Any]) -> bool:
         """Write a transition that ends the claim (a failed pass, a release); return whether the fence held."""

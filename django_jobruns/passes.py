@@ -22,9 +22,8 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError
 
-from . import db, signals, transitions
+from . import db, signals
 from .claims import Claim
-from .deadlocks import retry_deadlocks
 from .exceptions import (
     LeaseLost,
     StepExhausted,
@@ -311,7 +310,7 @@ def _run_pass(
     except StepOver as exc:
         # Not this process's to work (a task it cannot import): given back untouched, uncharged, named.
         note = storable(f"{UNREGISTERED_WARNING}: {summary(exc)} (in the process that drove it, {claim.holder})")
-        if claim.lost or not claim.write(transitions.stepped_over(note)):
+        if claim.lost or not claim.step_over(note):
             return LOST
         return PassOutcome(Outcome.STEPPED_OVER, error=summary(exc))
     except BaseException as exc:
@@ -354,11 +353,10 @@ def _run_pass(
             "step names must be a pure function of the payload and prior results, or resume repeats work"
         )
         logger.warning("run %s (%s): %s", run.id, run.title, warning)
-    now = claim.clock()
-    keep_until = None if done or release else claim.extended()
     counters_text = json.dumps(p._counters, separators=(",", ":"))
-    fields = transitions.advanced(cursor, counters_text, now, done=done, lease_until=keep_until, warning=warning)
-    committed = claim.commit(fields, drop_ledger=bool(ledger))
+    committed = claim.commit(
+        cursor, counters_text, done=done, release=release, warning=warning, drop_ledger=bool(ledger)
+    )
     if committed is None:
         return LOST
     # The run as this commit left it: a further pass under the same claim starts
@@ -397,13 +395,8 @@ def _fail(run: JobRun, job: Job, claim: Claim, p: Pass | None, exc: BaseExceptio
         first_line = summary(exc)
     first_line = storable(first_line, MAX_SUMMARY_CHARS)
     now = claim.clock()
-    fields = transitions.attempt_failed(
-        attempts,
-        with_traceback(first_line, exc),
-        now,
-        next_attempt_at=None if exhausted else policy.next_attempt_at(against, now),
-    )
-    if not retry_deadlocks(lambda: claim.write(fields), f"run {run.id}: failed pass"):
+    next_attempt_at = None if exhausted else policy.next_attempt_at(against, now)
+    if not claim.fail(attempts, with_traceback(first_line, exc), next_attempt_at=next_attempt_at):
         return LOST
     # A run that ends failed is an error an operator must see; a pass that will be retried a warning.
     logger.log(

@@ -169,7 +169,7 @@ def test_the_change_view_finds_a_runs_restarts_through_an_index():
 
 @pytest.mark.skipif("connection.vendor == 'mysql'", reason="MariaDB has no partial indexes: it reads the running runs")
 def test_the_admins_overview_reads_indexes_not_the_table():
-    from django_jobruns.overview import overview
+    from django_jobruns.admin.overview import overview
 
     now = timezone.now()
     finished_runs(2000, "h", at=now)

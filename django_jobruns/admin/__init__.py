@@ -24,7 +24,6 @@ from rangefilter.filters import DateRangeFilterBuilder
 from .. import db, search
 from ..drive import UNREGISTERED_WARNING
 from ..models import JobAttempt, JobRun, JobStep, Status
-from ..overview import overview
 from .actions import STEERING, RunActions, _InlineBase, steering_verbs
 from .display import (
     ago,
@@ -37,6 +36,7 @@ from .display import (
     within,
     without_carets,
 )
+from .overview import overview
 from .pages import EstimatedCountPaginator, JobFilter, JobRunChangeList, PriorityFilter, QueueFilter, StateFilter
 
 _ULID = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}")

@@ -20,8 +20,8 @@ from django.db.models.functions import Substr, TruncHour
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from .models import JobRun, Status
-from .store import estimates, store
+from ..models import JobRun, Status
+from ..store import estimates, store
 
 HOURS = 24
 
