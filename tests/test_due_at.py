@@ -141,3 +141,35 @@ def test_the_migration_fills_the_live_runs_and_leaves_the_finished_ones(behaviou
     assert live.due_at == live.updated_at
     assert backing.due_at == later
     assert ended.due_at is None
+
+
+@pytest.mark.parametrize(
+    "word, python",
+    [
+        ("leased", lambda run, now: run.is_leased(now)),
+        ("lapsed", lambda run, now: run.is_lapsed(now)),
+        ("backing_off", lambda run, now: run.is_backing_off(now)),
+        ("paused", lambda run, now: run.is_paused),
+        ("marked_unregistered", lambda run, now: run.is_marked_unregistered),
+        ("due", lambda run, now: run.is_due(now)),
+    ],
+)
+def test_each_state_word_is_one_rule_in_python_and_the_orm(word, python, clock):
+    """Every state word once: the QuerySet method and its Python twin on JobRun find the same runs."""
+    now = clock.now
+    runs = [start_job_run("tests.walk", instance=f"s{i}")[0] for i in range(9)]
+    later, earlier = now + timedelta(minutes=5), now - timedelta(minutes=5)
+    JobRun.objects.filter(pk=runs[1].pk).update(lease_holder="h", lease_expires_at=later, lease_fence=1)
+    JobRun.objects.filter(pk=runs[2].pk).update(lease_holder="h", lease_expires_at=earlier, lease_fence=1)
+    JobRun.objects.filter(pk=runs[3].pk).update(next_attempt_at=later, due_at=later)
+    JobRun.objects.filter(pk=runs[4].pk).update(next_attempt_at=earlier, due_at=earlier)
+    JobRun.objects.filter(pk=runs[5].pk).update(paused_at=earlier)
+    JobRun.objects.filter(pk=runs[6].pk).update(last_warning="job not registered in the process that drove it")
+    JobRun.objects.filter(pk=runs[7].pk).update(
+        status=Status.DONE, live=None, ended_at=now, lease_holder="h", lease_expires_at=later, due_at=None
+    )
+    JobRun.objects.filter(pk=runs[8].pk).update(last_warning="pass committed with completed steps it never asked for")
+    method = getattr(JobRun.objects, word)
+    orm = set((method(now) if word not in ("paused", "marked_unregistered") else method()).values_list("pk", flat=True))
+    assert orm == {run.pk for run in JobRun.objects.all() if python(run, now)}
+    assert orm, f"the fixture has runs that are {word}"
