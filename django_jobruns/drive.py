@@ -324,7 +324,7 @@ class _Drive:
             if claim.took_over_from is not None and job.policy.exhausted(run.attempts):
                 # Charging the silent pass used the policy up: a run that kills
                 # its worker every time must end, without being tried again.
-                self.report.record(run.id, claim.abandon(run))
+                self.report.record(run.id, claim.abandon(run), run.title)
                 released = True
                 return True
             try:
@@ -357,7 +357,7 @@ class _Drive:
             if outcome.status is Outcome.STEPPED_OVER:
                 self._stepped_over(run, outcome)
                 return True
-            self.report.record(run.id, outcome)
+            self.report.record(run.id, outcome, run.title)
             if claim.timed_out:
                 self.report.add(Count.TIMED_OUT)
             if outcome.status is not Outcome.ADVANCED or last:
@@ -378,7 +378,7 @@ class _Drive:
             seen = self.report.unregistered_runs.setdefault(label, set())
             first = not seen
             seen.add(run.id)
-        self.report.record(run.id, outcome)
+        self.report.record(run.id, outcome, label)
         if first:
             logger.warning("due run(s) of %s are not driven: %s; e.g. run %s", label, outcome.error, run.id)
 

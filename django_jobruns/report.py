@@ -52,6 +52,8 @@ class DriveReport:
     unrecorded: list[tuple[str, str]] = field(default_factory=list)
     #: The due runs stepped over because their job is not registered here, by job ("app_label.name").
     unregistered_runs: dict[str, set[str]] = field(default_factory=dict)
+    #: What each run with an error or a warning is (``JobRun.title``: a task's path, else ``app_label.job``).
+    titles: dict[str, str] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     _began: float = field(default_factory=time.monotonic, repr=False, compare=False)
 
@@ -76,8 +78,10 @@ class DriveReport:
         with self._lock:
             setattr(self, count.value, getattr(self, count.value) + 1)
 
-    def record(self, run_id: str, outcome: PassOutcome) -> None:
+    def record(self, run_id: str, outcome: PassOutcome, title: str | None = None) -> None:
         with self._lock:
+            if title is not None and (outcome.error is not None or outcome.warning is not None):
+                self.titles[run_id] = title
             name = outcome.status.value
             setattr(self, name, getattr(self, name) + 1)
             if outcome.error is not None and outcome.status.value != "unregistered":
@@ -101,6 +105,7 @@ class DriveReport:
         data["stopped"] = self.stopped
         data["unrecorded"] = [list(pair) for pair in self.unrecorded]
         data["unregistered_jobs"] = {label: len(ids) for label, ids in sorted(self.unregistered_runs.items())}
+        data["runs"] = dict(sorted(self.titles.items()))
         data["seconds"] = round(self.seconds, 3)
         return data
 

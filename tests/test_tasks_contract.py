@@ -266,8 +266,9 @@ def test_operators_find_and_read_a_task_by_its_path(caplog):
 
     ok = t.flaky.enqueue("/nonexistent/dir/log", 0)  # fails: the log cannot be opened
     done = t.send_email.enqueue("a@example.com")
-    run_due_jobs(limit=5)
+    report = run_due_jobs(limit=5)
     assert "tests.task_functions.flaky" in caplog.text  # the log names the task, not the internal job
+    assert report.as_dict()["runs"] == {ok.id: "tests.task_functions.flaky"}  # --json names it too
     assert [r.id for r in job_runs(job="tests.task_functions.send_email")] == [done.id]
     out = StringIO()
     call_command("job_runs", "--job", "tests.task_functions.flaky", stdout=out)
