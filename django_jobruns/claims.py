@@ -174,9 +174,7 @@ class Claim:
         Or sooner: a renewal that failed is tried again, and a pass's timeout is
         looked at when it runs out (read the first time the keep-alive looks).
         """
-        at = self.kept_at + self.ttl.total_seconds() / 3
-        if self.retry_at is not None:
-            at = min(at, self.retry_at)
+        at = self._renewal_at()
         if self.began is not None and not self.timed_out:
             # No timeout is shorter than the shortest lease: look then, when the deadline is read.
             at = min(at, self.deadline if self.deadline is not None else self.began + _SHORTEST)
@@ -184,10 +182,12 @@ class Claim:
 
     def renewal_due(self) -> bool:
         """Whether the lease was set a third of it ago, or a failed renewal is to be tried again."""
-        now = time.monotonic()
-        return now >= self.kept_at + self.ttl.total_seconds() / 3 or (
-            self.retry_at is not None and now >= self.retry_at
-        )
+        return time.monotonic() >= self._renewal_at()
+
+    def _renewal_at(self) -> float:
+        """When (monotonic) the lease is to be renewed: a third of it after it was set, or a failed renewal's retry."""
+        at = self.kept_at + self.ttl.total_seconds() / 3
+        return at if self.retry_at is None else min(at, self.retry_at)
 
     def keep_alive(self) -> None:
         """Renew the lease in one fenced statement; mark the claim lost or paused if the renewal says so."""

@@ -22,11 +22,11 @@ from django.utils import timezone
 
 from . import conf, db, keepalive, telemetry, waiting, watchdog
 from .claims import Claim, Claimed, default_holder, holder_name
-from .due import due_rows, marked_unregistered
+from .due import due_rows
 from .exceptions import DatabaseReadOnly, DriveInTransaction, InvalidDriveOptions
 from .models import JobRun, Status
 from .options import DriveOptions, StopSignal, drive_clock, lease_length, positive_int
-from .outcomes import TRANSIENT, UNREGISTERED_WARNING, Outcome, summary
+from .outcomes import TRANSIENT, Outcome, summary
 from .passes import PassObserver as PassObserver  # the drive's hook for testing tools
 from .passes import load_ledger, observing, run_pass
 from .registry import Job, lookup
@@ -35,8 +35,6 @@ from .store import DueRow
 
 __all__ = [
     "due_rows",
-    "marked_unregistered",
-    "UNREGISTERED_WARNING",
     "DriveOptions",
     "DriveReport",
     "PassObserver",

@@ -11,7 +11,6 @@ from collections.abc import Iterable
 from datetime import datetime
 
 from django.db import DatabaseError
-from django.db.models import Q
 
 from . import db, watchdog
 from .claims import default_holder
@@ -58,8 +57,6 @@ def due_rows(
         batch = store().due(now, after, page, jobs=pairs, queues=chosen)
         scanned += len(batch)
         for row in batch:
-            if queues is not None and row.queue_name is not None and row.queue_name not in queues:
-                continue  # a task of a queue this drive does not work
             if row.id in stepped:
                 continue
             if (row.module, row.job) in wanted:
@@ -72,11 +69,6 @@ def due_rows(
     if unregistered:
         _say_unregistered(unregistered, report)
     return found[:limit]
-
-
-def marked_unregistered() -> Q:
-    """The runs a drive marked with :data:`UNREGISTERED_WARNING`, as a filter (``models.MARKED_UNREGISTERED``)."""
-    return MARKED_UNREGISTERED
 
 
 def _say_unregistered(rows: list[DueRow], report: DriveReport) -> None:
@@ -114,7 +106,7 @@ def _say_unregistered(rows: list[DueRow], report: DriveReport) -> None:
     try:
         with watchdog.guarded(db.connection()):
             JobRun.objects.using(db.alias()).filter(pk__in=marked, status=Status.RUNNING).exclude(
-                marked_unregistered()
+                MARKED_UNREGISTERED
             ).update(last_warning=note)
     except DatabaseError:
         logger.debug("could not mark the runs whose job is not registered", exc_info=True)

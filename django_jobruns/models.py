@@ -272,10 +272,6 @@ class JobRun(models.Model):
     def is_marked_unregistered(self) -> bool:
         return self.last_warning is not None and self.last_warning.startswith(UNREGISTERED_WARNING)
 
-    def waiting_since(self, now: datetime) -> datetime | None:
-        """When this run, due at ``now``, became due (``due_at``): the operator's "waiting since" (D9)."""
-        return self.due_at if self.is_due(now) else None
-
     def is_due(self, now: datetime) -> bool:
         """Whether a drive may take the run at ``now``: the one definition of due.
 

@@ -18,7 +18,6 @@ from typing import Any
 from django.db import InterfaceError, OperationalError
 
 from .exceptions import GiveUp, InvalidPassResult, Permanent, QueueUnsafe, StepReused, TaskValueUnstorable
-from .models import UNREGISTERED_WARNING as UNREGISTERED_WARNING
 
 #: Database errors of the engine's own writes that say nothing about the job
 #: (a lock wait that timed out, a deadlock, a dropped connection): the pass is

@@ -33,7 +33,7 @@ from .exceptions import (
     StepResultUnstorable,
     StepReused,
 )
-from .models import JobRun
+from .models import UNREGISTERED_WARNING, JobRun
 from .observers import AbandonPass as AbandonPass  # re-exported: the testing helpers' simulated death
 from .observers import PassObserver as PassObserver
 from .observers import _observer
@@ -42,7 +42,6 @@ from .outcomes import (
     LOST,
     MAX_SUMMARY_CHARS,
     PERMANENT,
-    UNREGISTERED_WARNING,
     Outcome,
     PassOutcome,
     storable,

@@ -205,7 +205,7 @@ def test_the_job_filters_stray_jobs_are_found_through_an_index(admin_client):
     # Every list page offers the jobs of running runs a drive marked "job not
     # registered": at a million runs, reading the running runs for the mark was
     # most of each page's time. The few marked runs are in an index of their own.
-    from django_jobruns.drive import UNREGISTERED_WARNING
+    from django_jobruns.models import UNREGISTERED_WARNING
 
     now = timezone.now()
     JobRun.objects.bulk_create(

@@ -22,7 +22,6 @@ from django.utils.safestring import SafeString
 from rangefilter.filters import DateRangeFilterBuilder
 
 from .. import db, search
-from ..drive import UNREGISTERED_WARNING
 from ..models import JobAttempt, JobRun, JobStep, Status
 from .actions import STEERING, RunActions, _InlineBase, steering_verbs
 from .display import (
@@ -266,7 +265,7 @@ class JobRunAdmin(RunActions):
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, obj: JobRun) -> SafeString:
-        if obj.status == Status.RUNNING and (obj.last_warning or "").startswith(UNREGISTERED_WARNING):
+        if obj.status == Status.RUNNING and obj.is_marked_unregistered:
             return format_html(
                 '<span class="jobruns-status jobruns-status-unregistered" title="{}">{}</span>',
                 obj.last_warning,

@@ -87,12 +87,9 @@ class JobFilter(admin.SimpleListFilter):
         # And the jobs of runs in flight that no job here is registered for, marked so by the
         # drive that stepped over them: found in the index of the warned runs (jobruns_warned),
         # not by reading the runs in flight.
-        from ..drive import marked_unregistered
-
         labels = {label for label, _ in known}
-        strays = (
-            JobRun.objects.filter(marked_unregistered(), status=Status.RUNNING).values_list("module", "job").distinct()
-        )
+        strays = JobRun.objects.marked_unregistered().filter(status=Status.RUNNING).values_list("module", "job")
+        strays = strays.distinct()
         extra = sorted({f"{module}.{job}" for module, job in strays} - labels)
         return known + [(label, f"{label} (not registered)") for label in extra]
 
