@@ -21,12 +21,9 @@ class JobRunsConfig(AppConfig):
 
         # A TASKS backend of this app: its internal job is registered here, so
         # a worker that never enqueues still drives the tasks.
-        from django.conf import settings
+        from . import conf
 
-        if any(
-            params.get("BACKEND") == "django_jobruns.backend.JobRunsBackend"
-            for params in (getattr(settings, "TASKS", None) or {}).values()
-        ):
+        if conf.task_backends():
             from .backend import register_configured_backends
 
             register_configured_backends()

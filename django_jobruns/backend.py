@@ -24,7 +24,7 @@ from django.core import checks
 from django.db import transaction
 from django.utils.module_loading import import_string
 
-from . import db, telemetry
+from . import conf, db, telemetry
 from .conf import duration
 from .exceptions import GiveUp, TaskNotImportable, TaskValueUnstorable
 from .registry import Job, add, lookup
@@ -238,13 +238,10 @@ def check_task_backends(app_configs: Any = None, **kwargs: Any) -> list[checks.C
     import importlib.util
 
     from django.apps import apps
-    from django.conf import settings
 
     if importlib.util.find_spec("django.tasks") is not None or apps.is_installed("django_tasks"):
         return []
-    configured = getattr(settings, "TASKS", None) or {}
-    ours = [alias for alias, params in configured.items() if params.get("BACKEND") == f"{__name__}.JobRunsBackend"]
-    return [message for alias in ours for message in task_backends[alias].check()]
+    return [message for alias in conf.task_backends() for message in task_backends[alias].check()]
 
 
 # -- the internal job: running one task as one pass ------------------------------
@@ -269,10 +266,8 @@ def _duration_or_none(value: Any) -> timedelta | None:
 
 def register_configured_backends() -> None:
     """Register the internal job of every ``TASKS`` backend of this class (at start-up: workers enqueue nothing)."""
-    from django.conf import settings
-
-    for alias, params in (getattr(settings, "TASKS", None) or {}).items():
-        if params.get("BACKEND") == "django_jobruns.backend.JobRunsBackend" and lookup(TASKS_MODULE, alias) is None:
+    for alias, params in conf.task_backends().items():
+        if lookup(TASKS_MODULE, alias) is None:
             register_task_job(alias, params.get("OPTIONS", {}))
 
 

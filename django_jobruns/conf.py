@@ -88,6 +88,16 @@ def timeout() -> timedelta:
     return duration(get("TIMEOUT"), "JOBRUNS['TIMEOUT']")
 
 
+#: The ``TASKS`` backend of this app, as a project names it.
+TASKS_BACKEND = "django_jobruns.backend.JobRunsBackend"
+
+
+def task_backends() -> dict[str, dict[str, Any]]:
+    """The project's ``TASKS`` entries that use this app's backend, by alias."""
+    configured = getattr(settings, "TASKS", None) or {}
+    return {alias: params for alias, params in configured.items() if params.get("BACKEND") == TASKS_BACKEND}
+
+
 def default_retry() -> Any:
     from .retry import DEFAULT_RETRY
 

@@ -159,12 +159,8 @@ def _queues(value: Any) -> frozenset[str] | None:
 
 def _known_queues() -> set[str] | None:
     """Every queue of this app's Tasks backends (``QUEUES``; ``None`` when one of them takes any name)."""
-    from django.conf import settings
-
     known: set[str] = set()
-    for params in (getattr(settings, "TASKS", None) or {}).values():
-        if params.get("BACKEND") != "django_jobruns.backend.JobRunsBackend":
-            continue
+    for params in conf.task_backends().values():
         queues = params.get("QUEUES", ["default"])  # Django's default: the default queue only
         if not queues:
             return None  # an empty list: Django takes any queue name
