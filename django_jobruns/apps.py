@@ -12,9 +12,9 @@ class JobRunsConfig(AppConfig):
         from django.utils.module_loading import autodiscover_modules
 
         from . import checks  # noqa: F401  (registers the system checks)
-        from .search import connect_index
+        from .store.search_index import connect_index
 
-        connection_created.connect(connect_index, dispatch_uid="django_jobruns.search.connect_index")
+        connection_created.connect(connect_index, dispatch_uid="django_jobruns.store.search_index.connect_index")
 
         # Each installed app's jobs.py registers its jobs, as admin.py does.
         autodiscover_modules("jobs")

@@ -40,12 +40,14 @@ from typing import Any
 from . import keepalive, outcomes, signals, transitions
 from .conf import MIN_LEASE
 from .db import Clock
-from .deadlocks import retry_deadlocks
 from .exceptions import InvalidDriveOptions, LeaseLost, PassTimedOut, StepResultUnstorable
 from .models import JobRun
 from .outcomes import LOST, TRANSIENT, Outcome, PassOutcome
 from .registry import Job
-from .store import ClaimedRow, Committed, DueRow, Expiry, StepWrite, store
+from .store import store
+from .store.base import ClaimedRow, Committed, DueRow, StepWrite
+from .store.deadlocks import retry_deadlocks
+from .store.statements import Expiry
 
 logger = logging.getLogger("django_jobruns")
 

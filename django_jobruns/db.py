@@ -17,6 +17,8 @@ from typing import Any, Protocol
 from django.db import connections, router
 from django.utils import timezone
 
+from .store import vendors, watchdog
+
 # The model is resolved on first use, not at import: the Tasks backend imports
 # this module while Django loads TASKS, before the app registry may be ready
 # (or before it holds this app at all, which a check must be free to say).
@@ -125,8 +127,6 @@ class ServerClock(_Monotonic):
         cached = _readings.get(self.key)
         if cached is not None and time.monotonic() - cached[1] < CLOCK_REFRESH_SECONDS:
             return
-        from . import watchdog
-
         before = time.monotonic()
         with watchdog.guarded(self.wrapper), self.wrapper.cursor() as cur:
             cur.execute(self.statement)
@@ -190,32 +190,11 @@ def database_clock() -> Clock:
     the host's.
     """
     wrapper = connection()
-    if wrapper.vendor == "postgresql":
-        return ServerClock(wrapper, "SELECT clock_timestamp()")
-    if wrapper.vendor == "mysql":
-        return ServerClock(wrapper, "SELECT UTC_TIMESTAMP(6)")
-    return HostClock()
+    statement = vendors.of(wrapper).clock
+    return HostClock() if statement is None else ServerClock(wrapper, statement)
 
 
 #: A reading of the database's clock is reused for this long: it only dates what
 #: the engine writes as values, never a lease.
 CLOCK_REFRESH_SECONDS = 60.0
 _readings: dict[tuple[Any, ...], tuple[datetime, float]] = {}
-
-
-#: How each database says it refuses writes: SQLite's read-only file, PostgreSQL's
-#: read-only transaction (SQLSTATE 25006: a standby, default_transaction_read_only),
-#: MariaDB's and MySQL's --read-only server (1290) or read-only transaction (1792).
-_READ_ONLY = ("attempt to write a readonly database", "read-only transaction", "--read-only option")
-
-
-def refuses_writes(exc: BaseException) -> bool:
-    """Whether ``exc`` says the database is read-only (not a passing failure: every write will fail alike)."""
-    code = getattr(getattr(exc, "__cause__", None), "sqlstate", None)
-    if code == "25006":
-        return True
-    args = getattr(exc, "args", ())
-    if args and args[0] in (1290, 1792):
-        return True
-    text = str(exc)
-    return any(words in text for words in _READ_ONLY)

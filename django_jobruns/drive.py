@@ -20,7 +20,7 @@ from typing import Any
 from django.db import DatabaseError
 from django.utils import timezone
 
-from . import conf, db, keepalive, telemetry, waiting, watchdog
+from . import conf, db, keepalive, telemetry
 from .claims import Claim, Claimed, default_holder, holder_name
 from .due import due_rows
 from .exceptions import DatabaseReadOnly, DriveInTransaction, InvalidDriveOptions
@@ -31,7 +31,8 @@ from .passes import PassObserver as PassObserver  # the drive's hook for testing
 from .passes import load_ledger, observing, run_pass
 from .registry import Job, lookup
 from .report import Count, DriveReport
-from .store import DueRow
+from .store import errors, notify, watchdog
+from .store.base import DueRow
 
 __all__ = [
     "due_rows",
@@ -115,7 +116,7 @@ def _drive(
         _round_on_a_live_connection(report, options, deadline=None, traced=traced)
         return report
     deadline = time.monotonic() + options.budget
-    with waiting.Waiter(stop, options.statement_bound) as waiter:
+    with notify.Waiter(stop, options.statement_bound) as waiter:
         while True:
             worked = _round_on_a_live_connection(report, options, deadline, traced=traced)
             if report.stopped or time.monotonic() >= deadline:
@@ -265,7 +266,7 @@ class _Drive:
         try:
             return Claim.take(row, self.options.holder, self.options.lease_for(job), self.options.clock)
         except DatabaseError as exc:
-            if db.refuses_writes(exc):
+            if errors.refuses_writes(exc):
                 # Every claim would fail alike: one error, not a line per run per look.
                 raise DatabaseReadOnly(
                     f"the database refuses writes ({summary(exc)}): no run can be claimed; the drive stops"

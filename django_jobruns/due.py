@@ -12,12 +12,13 @@ from datetime import datetime
 
 from django.db import DatabaseError
 
-from . import db, watchdog
+from . import db
 from .claims import default_holder
 from .models import MARKED_UNREGISTERED, UNREGISTERED_WARNING, JobRun, Status
 from .registry import Job, lookup
 from .report import Count, DriveReport
-from .store import DueRow, store
+from .store import store, watchdog
+from .store.base import DueRow
 
 logger = logging.getLogger("django_jobruns")
 

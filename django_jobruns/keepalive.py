@@ -34,8 +34,9 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError
 
-from . import db, watchdog
+from . import db
 from .conf import MIN_LEASE
+from .store import watchdog
 
 if TYPE_CHECKING:
     from .claims import Claim

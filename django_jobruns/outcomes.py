@@ -13,7 +13,6 @@ from __future__ import annotations
 import enum
 import traceback
 from dataclasses import dataclass
-from typing import Any
 
 from django.db import InterfaceError, OperationalError
 
@@ -25,17 +24,6 @@ from .exceptions import GiveUp, InvalidPassResult, Permanent, QueueUnsafe, StepR
 #: Other database errors (a value refused, a constraint) are deterministic, and
 #: charged, so a run that hits one still ends.
 TRANSIENT: tuple[type[BaseException], ...] = (OperationalError, InterfaceError)
-
-#: MariaDB/MySQL error codes of a statement too large for the server
-#: (``max_allowed_packet``): transient by their class, permanent in fact.
-_TOO_LARGE_CODES = (1153, 1301)
-
-
-def too_large(exc: BaseException) -> bool:
-    """Whether the database refused a statement for its size: no retry makes it fit."""
-    args: Any = getattr(exc.__cause__ or exc, "args", None)
-    return bool(args) and args[0] in _TOO_LARGE_CODES
-
 
 #: Failures that retrying cannot fix: the run fails at once (P10).
 PERMANENT: tuple[type[BaseException], ...] = (

@@ -35,8 +35,8 @@ from .exceptions import (
 )
 from .models import UNREGISTERED_WARNING, JobRun
 from .observers import AbandonPass as AbandonPass  # re-exported: the testing helpers' simulated death
+from .observers import PassHooks, hooks
 from .observers import PassObserver as PassObserver
-from .observers import _observer
 from .observers import observing as observing
 from .outcomes import (
     LOST,
@@ -51,7 +51,8 @@ from .outcomes import (
 from .queue_safety import check_result_size, check_step_name, decode, decode_counters, dump_result, interpret_result
 from .registry import Job
 from .retry import RetryPolicy
-from .store import Ledger, store
+from .store import store
+from .store.base import Ledger
 from .telemetry import Telemetry
 
 logger = logging.getLogger("django_jobruns")
@@ -108,8 +109,8 @@ class Pass:
         self._used: set[str] = set()
         self._failed_step: _StepFailure | None = None
         self._ended = False
-        # OpenTelemetry, when the drive records (django_jobruns.telemetry).
-        self._telemetry: Telemetry | None = None
+        # Who looks at this pass: a testing tool's observer, the drive's telemetry (django_jobruns.observers).
+        self._hooks: PassHooks | None = None
         self._stepped = False  # whether a step of this pass has run its body (the run's first step is timed)
         claim.store_failure = None
         # Transactions open when the pass began (a caller's, a test case's):
@@ -174,23 +175,9 @@ class Pass:
         returned. Step names must be a pure function of the payload and prior
         results.
         """
-        telemetry = self._telemetry
-        if telemetry is not None:
-            return telemetry.step(self._row, name, lambda: self._observed_step(name, fn, retry))
-        return self._observed_step(name, fn, retry)[0]
-
-    def _observed_step(self, name: str, fn: Callable[[], T], retry: RetryPolicy | None) -> tuple[Any, bool]:
-        """The step's value, and whether its memo answered (the body did not run)."""
-        hit = False
-
-        def perform(body: Callable[[], T]) -> Any:
-            nonlocal hit
-            value, hit = self._step(name, body, retry)
-            return value
-
-        observer = _observer.get()
-        value = observer.step(self, name, fn, perform) if observer is not None else perform(fn)
-        return value, hit
+        if self._hooks is None:
+            return self._step(name, fn, retry)[0]
+        return self._hooks.around_step(self, self._row, name, fn, lambda body: self._step(name, body, retry))
 
     def _step(self, name: str, fn: Callable[[], T], retry: RetryPolicy | None) -> tuple[Any, bool]:
         """The step's value, and whether its memo answered."""
@@ -224,8 +211,8 @@ class Pass:
             raise exc
         self._claim.hold(name)
         first = not self._stepped and not self._ledger and self._row.cursor is None and self._row.attempts == 0
-        if first and self._telemetry is not None:
-            self._telemetry.first_step(self._row, self._claim.clock())
+        if first and self._hooks is not None:
+            self._hooks.first_step(self._row, self._claim.clock())
         self._stepped = True
         try:
             value = fn()
@@ -273,17 +260,10 @@ def run_pass(
     the handler's own failures; a database error writing the outcome
     propagates to the drive, which reports it.
     """
-
-    def observed() -> PassOutcome:
-        observer = _observer.get()
-        if observer is not None:
-            observer.pass_started(run)
-        outcome = _run_pass(run, job, claim, release, ledger, telemetry)
-        if observer is not None:
-            observer.pass_ended(run, outcome)
-        return outcome
-
-    return telemetry.run_pass(run, claim.fence, observed) if telemetry is not None else observed()
+    onlookers = hooks(telemetry)
+    if onlookers is None:
+        return _run_pass(run, job, claim, release, ledger, None)
+    return onlookers.around_pass(run, claim.fence, lambda: _run_pass(run, job, claim, release, ledger, onlookers))
 
 
 def _run_pass(
@@ -292,7 +272,7 @@ def _run_pass(
     claim: Claim,
     release: bool,
     ledger: dict[str, _LedgerRow] | None,
-    telemetry: Telemetry | None,
+    onlookers: PassHooks | None,
 ) -> PassOutcome:
     p: Pass | None = None
     if ledger is None:
@@ -300,7 +280,7 @@ def _run_pass(
     claim.begin_pass(job)
     try:
         p = Pass(run, job, claim, ledger)
-        p._telemetry = telemetry
+        p._hooks = onlookers
         returned = job.handler(p)
         claim.check_timeout()  # a pass that ran past its timeout commits nothing (D19)
         cursor, done = interpret_result(returned, run.cursor)
@@ -331,8 +311,8 @@ def _run_pass(
             # The server dropped the connection under the pass: record the
             # failure on a new one rather than losing it with the old.
             wrapper.close()
-        if telemetry is not None:
-            telemetry.failed(exc)
+        if onlookers is not None:
+            onlookers.failed(exc)
         outcome = _fail(run, job, claim, p, exc)
         if escaping:
             # SystemExit, KeyboardInterrupt: recorded, the lease given back,

@@ -15,10 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 
-from django.db import transaction
-
 from . import db
-from .models import TERMINAL, JobAttempt, JobRun, JobStep
+from .models import TERMINAL, JobRun
+from .store import store
 
 FINISHED = tuple(str(status) for status in TERMINAL)
 BATCH_SIZE = 2_000
@@ -59,48 +58,13 @@ def prune_job_runs(
     old = JobRun.objects.using(using).filter(status__in=wanted, ended_at__lt=cutoff)
     if dry_run:
         return old.count()
-    wrapper = db.connection()
-    q = wrapper.ops.quote_name
-    run, step = q(JobRun._meta.db_table), q(JobStep._meta.db_table)
-    link, run_id = q(JobRun._meta.get_field("restarted_from").column), q(JobStep._meta.get_field("run").column)
-    # A task run's attempt records (django_jobruns.backend) go with it.
-    attempt, attempt_run = q(JobAttempt._meta.db_table), q(JobAttempt._meta.get_field("run").column)
+    batches = store()
     deleted = 0
-    if wrapper.vendor == "postgresql":
-        batch = (
-            f"WITH batch AS (SELECT {q('id')} FROM {run} WHERE {q('status')} = ANY(%s) AND {q('ended_at')} < %s "
-            f"LIMIT %s), "
-            f"unlinked AS (UPDATE {run} SET {link} = NULL WHERE {link} IN (SELECT {q('id')} FROM batch) "
-            f"AND {q('id')} NOT IN (SELECT {q('id')} FROM batch)), "
-            f"steps AS (DELETE FROM {step} WHERE {run_id} IN (SELECT {q('id')} FROM batch)), "
-            f"attempts AS (DELETE FROM {attempt} WHERE {attempt_run} IN (SELECT {q('id')} FROM batch)) "
-            f"DELETE FROM {run} WHERE {q('id')} IN (SELECT {q('id')} FROM batch)"
-        )
-        params = [wanted, wrapper.ops.adapt_datetimefield_value(cutoff), batch_size]
-        while True:
-            with wrapper.cursor() as cur:
-                cur.execute(batch, params)
-                count: int = cur.rowcount
-            deleted += count
-            if count and progress is not None:
-                progress(deleted)
-            if count < batch_size:
-                return deleted  # a short batch: nothing was left to take
     while True:
-        # A range of the (status, ended_at) index, in no particular order: the
-        # cheapest way to the next batch.
-        ids = list(old.values_list("id", flat=True)[:batch_size])
-        if not ids:
-            return deleted
-        marks = ", ".join(["%s"] * len(ids))
-        statuses_in = ", ".join(["%s"] * len(wanted))
-        with transaction.atomic(using=using), wrapper.cursor() as cur:
-            cur.execute(f"UPDATE {run} SET {link} = NULL WHERE {link} IN ({marks})", ids)
-            cur.execute(f"DELETE FROM {step} WHERE {run_id} IN ({marks})", ids)
-            cur.execute(f"DELETE FROM {attempt} WHERE {attempt_run} IN ({marks})", ids)
-            cur.execute(
-                f"DELETE FROM {run} WHERE {q('id')} IN ({marks}) AND {q('status')} IN ({statuses_in})", [*ids, *wanted]
-            )
-            deleted += cur.rowcount
-        if progress is not None:
+        # Each batch its own transaction, through the (status, ended_at) index.
+        taken, count = batches.prune_batch(wanted, cutoff, batch_size)
+        deleted += count
+        if count and progress is not None:
             progress(deleted)
+        if taken < batch_size:
+            return deleted  # a short batch: nothing was left to take

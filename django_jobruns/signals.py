@@ -44,9 +44,9 @@ def notify_due() -> None:
     On PostgreSQL a ``NOTIFY`` on the ``django_jobruns`` channel wakes drives
     waiting with a time budget; elsewhere they poll, and this does nothing.
     """
-    from . import waiting
+    from .store import notify
 
-    waiting.notify()
+    notify.notify()
 
 
 def send_after_commit(signal: Signal, **kwargs: Any) -> None:

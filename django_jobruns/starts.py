@@ -9,12 +9,13 @@ from typing import Any
 from django.db import IntegrityError, OperationalError, transaction
 
 from . import db, telemetry
-from .deadlocks import TRIES, is_deadlock, retry_deadlocks
 from .exceptions import JobRunsError, NotRestartable
 from .models import JobRun, Status
 from .queue_safety import dump_queue_safe
 from .registry import Job, get_job
 from .signals import notify_due
+from .store.deadlocks import TRIES, retry_deadlocks
+from .store.errors import is_deadlock
 
 logger = logging.getLogger("django_jobruns")
 

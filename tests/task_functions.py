@@ -114,8 +114,10 @@ def stoppable_task(context: Any, log: str, fifo: str) -> int:
         entered.write(f"{os.getpid()}\n")
     count = 0
     pace = threading.Event()
-    while not context.stopping and count < 100_000:
+    while True:  # one count at least: the stop may come before the first look at it
         count += 1
+        if context.stopping or count >= 100_000:
+            break
         pace.wait(0.01)
     with open(log, "a") as out:
         out.write(f"stopped {count}\n")

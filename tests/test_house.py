@@ -61,3 +61,37 @@ def test_no_import_circle_among_the_packages_modules():
                 seen.add(current)
                 frontier.extend(graph[current])
     assert circles == [], circles
+
+
+def test_no_vendor_is_named_outside_the_store_the_admin_and_migrations():
+    """What a database is and does is the store's knowledge: ``connection.vendor`` is read nowhere else."""
+    allowed = (PACKAGE / "store", PACKAGE / "admin", PACKAGE / "migrations")
+    naming = []
+    for path in PACKAGE.rglob("*.py"):
+        if any(path.is_relative_to(folder) for folder in allowed):
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if ".vendor" in line or '"postgresql"' in line or '"mysql"' in line or '"sqlite"' in line:
+                naming.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert naming == [], "\n".join(naming)
+
+
+def test_the_store_package_imports_nothing_of_the_package_at_its_top():
+    """The vendor facts under ``store/`` sit below ``db``: importing one must not import the stores (and models)."""
+    modules = _modules()
+    assert _imports("django_jobruns.store", modules["django_jobruns.store"], modules, everywhere=False) == set()
+
+
+def test_importing_a_vendor_fact_loads_no_model():
+    """``db`` (which the Tasks backend imports while Django loads TASKS) must import without the app registry."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import django_jobruns.db, django_jobruns.store.errors, django_jobruns.store.watchdog; "
+        "print(sorted(m for m in sys.modules if m.startswith('django_jobruns')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    loaded = eval(out.stdout)  # noqa: S307 -- our own subprocess's printed list
+    assert "django_jobruns.models" not in loaded
+    assert "django_jobruns.store.base" not in loaded

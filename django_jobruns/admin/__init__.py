@@ -21,8 +21,9 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from rangefilter.filters import DateRangeFilterBuilder
 
-from .. import db, search
+from .. import db
 from ..models import JobAttempt, JobRun, JobStep, Status
+from . import search
 from .actions import STEERING, RunActions, _InlineBase, steering_verbs
 from .display import (
     ago,

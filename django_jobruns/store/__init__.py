@@ -14,7 +14,13 @@ statements that suit it:
   the lease is left;
 - :mod:`.postgresql` -- every fenced write ONE statement (a data-modifying CTE),
   and a plain claim returns the step ledger with the run;
-- :mod:`.estimates` -- the admin's row estimates, per database.
+- :mod:`.estimates` -- the admin's row estimates, per database;
+- :mod:`.vendors` and :mod:`.errors` -- each database's traits, and what its
+  errors mean (a deadlock, a read-only database, a statement too large);
+- :mod:`.watchdog` -- a bound on each statement over a network (D15);
+- :mod:`.deadlocks` -- whole transactions retried when the database picked them as a deadlock victim;
+- :mod:`.notify` -- waking waiting drives: LISTEN/NOTIFY on PostgreSQL, polling elsewhere;
+- :mod:`.search_index` -- the admin's search index on each database, opened on each new connection.
 
 A pass of k fresh steps issues 2k+5 statements (k+3 on PostgreSQL), the drive's
 due read included. Built by the ORM, each would cost 100-250 µs of Python before
@@ -29,27 +35,32 @@ Every statement goes to the database the project's router names for ``JobRun``.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from django.db import connections
 
-from .. import db
-from .base import ClaimedRow, Committed, DueRow, Ledger, StepWrite, Store
-from .mysql import MySQLStore
-from .postgresql import PostgresStore
-from .sqlite import SQLiteStore
-from .statements import Expiry
+if TYPE_CHECKING:
+    from .base import Store
 
-__all__ = ["ClaimedRow", "Committed", "DueRow", "Expiry", "Ledger", "StepWrite", "Store", "store"]
+# Nothing of the package is imported here, at the top: the vendor facts
+# (vendors, errors) and the statement bound (watchdog) sit below the database
+# alias (``django_jobruns.db``), which the stores themselves stand on.
 
-#: The store of each vendor; another vendor gets the portable one.
-STORES: dict[str, type[Store]] = {"postgresql": PostgresStore, "sqlite": SQLiteStore, "mysql": MySQLStore}
 _built: dict[tuple[str, str], Store] = {}
 
 
 def store() -> Store:
-    """The store of the database the router names for ``JobRun``."""
+    """The store of the database the router names for ``JobRun`` (the portable one for a database not below)."""
+    from .. import db
+    from .base import Store
+    from .mysql import MySQLStore
+    from .postgresql import PostgresStore
+    from .sqlite import SQLiteStore
+
+    stores: dict[str, type[Store]] = {"postgresql": PostgresStore, "sqlite": SQLiteStore, "mysql": MySQLStore}
     alias = db.alias()
     vendor = connections[alias].vendor
     found = _built.get((alias, vendor))
     if found is None:
-        found = _built[(alias, vendor)] = STORES.get(vendor, Store)(alias)
+        found = _built[(alias, vendor)] = stores.get(vendor, Store)(alias)
     return found

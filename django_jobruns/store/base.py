@@ -16,9 +16,10 @@ from django.db import connections, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from .. import db, outcomes, watchdog
-from ..deadlocks import retry_deadlocks
-from ..models import JobRun
+from .. import db
+from ..models import JobAttempt, JobRun, JobStep
+from . import errors, watchdog
+from .deadlocks import retry_deadlocks
 from .statements import RUN_FIELDS, ClockSQL, Expiry, Statements
 
 #: The step ledger of a pass: (step, result, attempts, last_error) per recorded step.
@@ -330,7 +331,7 @@ class Store:
         the server dropped it over the statement.
         """
         db.replace_if_broken()
-        return outcomes.too_large(exc)
+        return errors.too_large(exc)
 
     def _renews(self, wrapper: Any, write: StepWrite) -> bool:
         """Whether this step write renews the lease (else it only checks the fence)."""
@@ -377,6 +378,49 @@ class Store:
         with self.connection.cursor() as cur:
             cur.execute(st.update_fenced(fields), [*st.parameters(fields), run_id, fence])
             return bool(cur.rowcount == 1)
+
+    # -- retention (pruning) ---------------------------------------------------------
+
+    def prune_names(self) -> dict[str, str]:
+        """The quoted tables and columns a prune batch names."""
+        q = self.connection.ops.quote_name
+        return {
+            "run": q(JobRun._meta.db_table),
+            "step": q(JobStep._meta.db_table),
+            "attempt": q(JobAttempt._meta.db_table),
+            "link": q(JobRun._meta.get_field("restarted_from").column),
+            "step_run": q(JobStep._meta.get_field("run").column),
+            "attempt_run": q(JobAttempt._meta.get_field("run").column),
+            "id": q("id"),
+            "status": q("status"),
+            "ended_at": q("ended_at"),
+        }
+
+    def prune_batch(self, statuses: list[str], cutoff: datetime, size: int) -> tuple[int, int]:
+        """Delete up to ``size`` runs of ``statuses`` ended before ``cutoff``: (how many were taken, deleted).
+
+        One transaction: the batch's ids read through the (status, ended_at)
+        index, the lineage links to them cleared, their step and attempt
+        records and the runs deleted. A run whose status changed since the
+        read (none can: only finished runs qualify) is not deleted.
+        """
+        ids = list(
+            JobRun.objects.using(self.alias)
+            .filter(status__in=statuses, ended_at__lt=cutoff)
+            .values_list("id", flat=True)[:size]
+        )
+        if not ids:
+            return 0, 0
+        n = self.prune_names()
+        marks, among = ", ".join(["%s"] * len(ids)), ", ".join(["%s"] * len(statuses))
+        with transaction.atomic(using=self.alias), self.connection.cursor() as cur:
+            cur.execute(f"UPDATE {n['run']} SET {n['link']} = NULL WHERE {n['link']} IN ({marks})", ids)
+            cur.execute(f"DELETE FROM {n['step']} WHERE {n['step_run']} IN ({marks})", ids)
+            cur.execute(f"DELETE FROM {n['attempt']} WHERE {n['attempt_run']} IN ({marks})", ids)
+            cur.execute(
+                f"DELETE FROM {n['run']} WHERE {n['id']} IN ({marks}) AND {n['status']} IN ({among})", [*ids, *statuses]
+            )
+            return len(ids), int(cur.rowcount)
 
 
 for _name in GUARDED:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from . import errors
 from .base import StepWrite, Store
 from .statements import MySQLClockSQL
 
@@ -50,15 +49,10 @@ class MySQLStore(Store):
         # record's size against the server's limit, read on a new connection.
         if super().refused_for_size(write, exc):
             return True
-        if _code(exc) not in (2006, 2013):
+        if not errors.gone_away(exc):
             return False
         size = len((write.result or "").encode()) + len((write.error or "").encode()) + len(write.step.encode())
         with self.connection.cursor() as cur:
             cur.execute("SELECT @@max_allowed_packet")
             (limit,) = cur.fetchone()
         return size >= int(limit) - 1024
-
-
-def _code(exc: BaseException) -> Any:
-    args = getattr(exc.__cause__ or exc, "args", ())
-    return args[0] if args else None

@@ -33,6 +33,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from . import vendors
+
 logger = logging.getLogger("django_jobruns")
 
 _local = threading.local()
@@ -65,7 +67,7 @@ def current_bound() -> float | None:
 def guarded(wrapper: Any) -> Iterator[None]:
     """Cut ``wrapper``'s connection if the block outlasts this thread's bound."""
     bound = getattr(_local, "bound", None)
-    if bound is None or wrapper.vendor not in NETWORKED:
+    if bound is None or not vendors.of(wrapper).networked:
         yield  # outside a drive, or a database file on this host
         return
     _bound_connects(wrapper, bound)
@@ -84,7 +86,7 @@ def guarded(wrapper: Any) -> Iterator[None]:
     now = time.monotonic()
     with _lock:
         _armed[token] = (now + bound, bound, sock)
-        if wrapper.vendor in HOLDS_THE_LOCK:
+        if vendors.of(wrapper).holds_the_lock:
             _arm_backstop(now, bound)
     _start()
     try:
@@ -95,10 +97,6 @@ def guarded(wrapper: Any) -> Iterator[None]:
         os.close(sock)
 
 
-#: The databases reached over a network: their statements are bounded.
-NETWORKED = ("postgresql", "mysql")
-#: The databases whose driver may wait on the network holding the interpreter's lock.
-HOLDS_THE_LOCK = ("mysql",)
 _backstop: list[float] = []  # when the armed backstop fires, if one is armed
 
 
@@ -116,7 +114,7 @@ def _arm_backstop(now: float, bound: float) -> None:
 
 def _bound_connects(wrapper: Any, bound: float) -> None:
     options = wrapper.settings_dict.setdefault("OPTIONS", {})
-    if wrapper.vendor in ("postgresql", "mysql") and "connect_timeout" not in options:
+    if "connect_timeout" not in options:
         options["connect_timeout"] = max(2, min(10, int(bound / 4)))
 
 

@@ -18,26 +18,14 @@ from typing import TypeVar
 
 from django.db import OperationalError
 
-from . import db
+from .. import db
+from .errors import is_deadlock
 
 logger = logging.getLogger("django_jobruns")
 
 T = TypeVar("T")
 
 TRIES = 6
-_MYSQL_DEADLOCK = 1213  # ER_LOCK_DEADLOCK
-_SQLSTATES = {"40P01", "40001"}  # deadlock_detected, serialization_failure
-
-
-def is_deadlock(exc: BaseException) -> bool:
-    """Whether ``exc`` is a deadlock (or serialization failure) the database rolled back."""
-    if not isinstance(exc, OperationalError):
-        return False
-    cause = exc.__cause__
-    if cause is not None and getattr(cause, "sqlstate", None) in _SQLSTATES:
-        return True
-    args = getattr(cause, "args", None) or exc.args
-    return bool(args) and args[0] == _MYSQL_DEADLOCK
 
 
 def retry_deadlocks(fn: Callable[[], T], what: str) -> T:

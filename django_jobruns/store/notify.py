@@ -9,8 +9,9 @@ from typing import Any
 
 from django.db import DatabaseError, connections, transaction
 
-from . import db, watchdog
-from .outcomes import summary
+from .. import db
+from ..outcomes import summary
+from . import vendors, watchdog
 
 logger = logging.getLogger("django_jobruns")
 
@@ -20,7 +21,7 @@ CHANNEL = "django_jobruns"
 def notify() -> None:
     """Send a NOTIFY on PostgreSQL when the current transaction commits (at once outside one)."""
     wrapper = db.connection()
-    if wrapper.vendor != "postgresql":
+    if not vendors.of(wrapper).notifies:
         return
 
     def send() -> None:
@@ -82,7 +83,7 @@ class Waiter:
         in ``pg_stat_activity`` which drives are waiting for work.
         """
         wrapper = db.connection()
-        if wrapper.vendor != "postgresql" or self.deaf:
+        if not vendors.of(wrapper).notifies or self.deaf:
             return
         try:
             with watchdog.bounding(self.bound):

@@ -19,6 +19,10 @@ still decide, so what a search finds is exactly what Django's search finds.
   those holding a handful of the sequences of each word, found by a join the
   optimizer starts from the rarest; then the ``LIKE`` conditions apply.
 
+The indexes themselves, and the hook that opens SQLite's on each new
+connection, are the store's (:mod:`django_jobruns.store.search_index`): the
+engine's writes keep them, through their triggers.
+
 The SQLite index follows the runs' rowids, which ``VACUUM`` keeps in practice;
 should they ever change (a table copied by hand, say), the statement
 ``INSERT INTO jobruns_search(jobruns_search) VALUES('rebuild')`` rebuilds it. A
@@ -27,61 +31,17 @@ search never shows a run whose text does not match, whatever the index holds.
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.db import DatabaseError, connections
 from django.db.models import QuerySet
 from django.utils.text import smart_split, unescape_string_literal
 
-from . import db
-from .models import JobRun
+from ..models import JobRun
+from ..store.search_index import GRAMS, TABLE, has_index
 
-#: The SQLite FTS5 table.
-TABLE = "jobruns_search"
-#: The MariaDB/MySQL table of sequences.
-GRAMS = "jobruns_search_gram"
 #: At most this many sequences are looked up for one search (a join each).
 MAX_GRAMS = 8
 #: The words a trigram index can find: three characters or more.
 MIN_WORD = 3
-
-_available: dict[str, bool] = {}
-
-
-def connect_index(sender: Any, connection: Any, **kwargs: Any) -> None:
-    """Open the SQLite search index on a new connection, before any transaction does.
-
-    SQLite connects a virtual table to a connection the first time a statement
-    names it, reading the table's configuration. Inside a DEFERRED transaction
-    -- what a fresh project has -- that read takes a shared lock before the
-    statement's write; a write that must then wait for another writer cannot
-    (SQLite refuses at once: "database is locked"). Every write of a run names
-    the index through its triggers, so the connection opens it here, outside
-    any transaction: one statement per new connection.
-    """
-    if connection.vendor != "sqlite" or connection.alias != db.alias():
-        return
-    with connection.cursor() as cur:
-        try:
-            cur.execute(f"SELECT rowid FROM {connection.ops.quote_name(TABLE)} WHERE rowid = 0")
-        except DatabaseError:
-            pass  # not migrated yet, or built without FTS5: nothing to open
-
-
-def _has_index(alias: str) -> bool:
-    """Whether the search index exists on ``alias`` (looked up once per process)."""
-    found = _available.get(alias)
-    if found is None:
-        with connections[alias].cursor() as cur:
-            if connections[alias].vendor == "sqlite":
-                cur.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = %s", [TABLE])
-            else:
-                cur.execute(
-                    "SELECT 1 FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = %s",
-                    [GRAMS],
-                )
-            found = _available[alias] = cur.fetchone() is not None
-    return found
 
 
 def words(term: str) -> list[str]:
@@ -104,7 +64,7 @@ def narrow(queryset: QuerySet[JobRun], term: str) -> QuerySet[JobRun]:
     if not indexable:
         return queryset
     try:
-        if not _has_index(alias):
+        if not has_index(alias):
             return queryset
     except DatabaseError:
         return queryset
