@@ -1,13 +1,15 @@
 #!/usr/bin/env python
-"""Migration 0017 (``JobRun.due_at``) at a million runs: how long it takes, and how long a drive's write waits meanwhile.
+"""The upgrade's migrations at a million runs: how long they take, how long a drive's write waits meanwhile.
 
-    python bench/migration.py --db {sqlite,postgres,mysql} [--runs N] [--live L]
+    python bench/migration.py --db {sqlite,postgres,mysql} [--runs N] [--live L] [--start 0011] [--to 0017]
 
 N runs (a million at the default), L of them live (running, a tenth at the default) and the rest
-finished, are inserted at migration 0016. Then ``migrate django_jobruns 0017`` runs while a probe,
+finished, are inserted at migration ``--start`` (0011: the last of 0.1.0). Then ``migrate django_jobruns --to``
+runs while a probe,
 on a connection of its own, writes as drives and starts do: every 20 ms it commits a pass's update
 of a live run (the run's row, as the fill's batches touch it) and starts a new run (an insert, as
-the index build sees it). The figure that matters online is the longest one probe write waited:
+the index build sees it), writing the columns of ``--start`` only, as the code of that release does.
+The figure that matters online is the longest one probe write waited:
 the time a drive would stand still. The last line:
 ``db=… runs=… live=… migrate_s=… longest_write_ms=… writes=… writes_over_1s=…``.
 """
@@ -34,6 +36,8 @@ def main() -> int:
     parser.add_argument("--db", choices=["sqlite", "postgres", "mysql"], required=True)
     parser.add_argument("--runs", type=int, default=1_000_000)
     parser.add_argument("--live", type=int, default=100_000)
+    parser.add_argument("--start", default="0011", help="the migration the table is filled at (0011: 0.1.0's last)")
+    parser.add_argument("--to", default="0017", help="the migration the upgrade ends at")
     args = parser.parse_args()
     if args.runs < 1 or not 1 <= args.live <= args.runs:
         parser.error("--runs must be >= 1 and --live from 1 to --runs")
@@ -43,14 +47,16 @@ def main() -> int:
     from django.db import connection, connections, transaction
     from django.utils import timezone
 
-    call_command("migrate", "django_jobruns", "0016", verbosity=0)
+    call_command("migrate", "django_jobruns", args.start, verbosity=0)
     q = connection.ops.quote_name
     table = q("django_jobruns_jobrun")
+    with connection.cursor() as cur:
+        existing = {c.name for c in connection.introspection.get_table_description(cur, "django_jobruns_jobrun")}
     columns = ["id", "module", "job", "instance", "live", "payload", "status", "counters", "attempts"]
     columns += ["started_at", "updated_at", "ended_at", "lease_fence", "priority"]
-    insert = (
-        f"INSERT INTO {table} ({', '.join(q(c) for c in columns)}) VALUES ({', '.join(['%s'] * len(columns))})"
-    )
+    columns = [c for c in columns if c in existing]  # the old release's columns
+    width = len(columns)
+    insert = f"INSERT INTO {table} ({', '.join(q(c) for c in columns)}) VALUES ({', '.join(['%s'] * len(columns))})"
     start = timezone.now() - timedelta(days=30)
     adapt = connection.ops.adapt_datetimefield_value
     began = time.monotonic()
@@ -63,9 +69,23 @@ def main() -> int:
             run_id = f"0{i:025d}"
             live = i % every == 0 and i // every < args.live
             status, ended = ("running", None) if live else ("done", at)
-            rows.append(
-                [run_id, "bench", "walk", run_id, True if live else None, "null", status, "{}", 0, at, at, ended, 0, 0]
-            )
+            row = [
+                run_id,
+                "bench",
+                "walk",
+                run_id,
+                True if live else None,
+                "null",
+                status,
+                "{}",
+                0,
+                at,
+                at,
+                ended,
+                0,
+                0,
+            ]
+            rows.append(row[:width])
         with transaction.atomic(), connection.cursor() as cur:
             cur.executemany(insert, rows)
     filled = time.monotonic() - began
@@ -90,7 +110,8 @@ def main() -> int:
                     )
                     new_id = f"9{n:025d}"
                     now = adapt(timezone.now())
-                    cur.execute(insert, [new_id, "bench", "probe", new_id, True, "null", "running", "{}", 0, now, now, None, 0, 0])
+                    row = [new_id, "bench", "probe", new_id, True, "null", "running", "{}", 0, now, now, None, 0, 0]
+                    cur.execute(insert, row[:width])
                 waits.append(time.monotonic() - before)
                 n += 1
                 stop.wait(PROBE_SECONDS)
@@ -103,7 +124,7 @@ def main() -> int:
     prober.start()
     began = time.monotonic()
     try:
-        call_command("migrate", "django_jobruns", "0017", verbosity=0)
+        call_command("migrate", "django_jobruns", args.to, verbosity=0)
     finally:
         migrated = time.monotonic() - began
         stop.set()
@@ -119,7 +140,7 @@ def main() -> int:
     connection.close()
     drop_database(args.db, name)
     print(
-        f"db={args.db} runs={args.runs} live={args.live} migrate_s={migrated:.1f} "
+        f"db={args.db} runs={args.runs} live={args.live} start={args.start} to={args.to} migrate_s={migrated:.1f} "
         f"longest_write_ms={longest:.0f} writes={len(waits)} writes_over_1s={over}"
     )
     return 0

@@ -17,7 +17,7 @@ worked run's row (PostgreSQL: ``FOR UPDATE``; SQLite: the write lock) past the
 lease; N workers stopped (SIGSTOP) past their lease and then resumed; and
 workers whose clock runs ten minutes fast (PostgreSQL). And the network's
 faults, each worker reaching the database through a forwarder of the
-harness's own (tests/netfault.py): partitions that drop all traffic or hold
+harness's own (tests/support/netfault.py): partitions that drop all traffic or hold
 it and deliver it late, sockets kept open; a clock reading delayed on one leg;
 the server ending a worker's connection at each kind of statement in turn;
 PgBouncer in transaction mode with its pool saturated; and on MariaDB workers
@@ -289,7 +289,7 @@ class Harness:
         self.stall: tuple[Any, float] | None = None
         self.stalls = 0
         # The network faults: each PostgreSQL worker reaches the server through
-        # a forwarder of the harness's own (tests/netfault.py).
+        # a forwarder of the harness's own (tests/support/netfault.py).
         self.forwarders: dict[subprocess.Popen[bytes], Any] = {}
         self.partitioned: dict[Any, float] = {}
         self.partitions = self.holds = self.delays = self.terminations = 0
@@ -365,7 +365,7 @@ class Harness:
 
         import psycopg
 
-        from tests.pgbouncer import pgbouncer
+        from tests.support.pgbouncer import pgbouncer
 
         self.bouncer = pgbouncer("127.0.0.1", 5432, POSTGRES_DB, pool_size=self.args.pgbouncer)
         self.bouncer_port = self.bouncer.__enter__()
@@ -407,7 +407,7 @@ class Harness:
         forwarder = None
         slot: dict[str, Any] = {"name": f"torture-{self.spawned}", "proc": None}
         if self.networked():
-            from tests.netfault import Forwarder, delay_clock_reading
+            from tests.support.netfault import Forwarder, delay_clock_reading
 
             clock_rule = None
             if self.delays < self.args.delays and self.rng.random() < 0.5:
@@ -471,7 +471,7 @@ class Harness:
 
     def watch(self, slot: dict[str, Any], chunk: bytes) -> float:
         """Called by a worker's forwarder for each chunk going up: how long to hold it (a fault aimed at it)."""
-        from tests.netfault import SECOND_OF_A_FENCED_WRITE, run_id_in, statement_kind
+        from tests.support.netfault import SECOND_OF_A_FENCED_WRITE, run_id_in, statement_kind
 
         if self.terminations_by_statement_total() + len(self.pending_terminations) < self.args.statement_terminations:
             kind = statement_kind(chunk)

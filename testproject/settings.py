@@ -1,4 +1,4 @@
-"""Settings of the demo project (and, extended by tests/settings.py, of the tests).
+"""Settings of the demo project (and, extended by tests/support/settings.py, of the tests).
 
 SQLite by default, in a file under var/; DATABASE_URL names another database
 (``postgres://postgres@127.0.0.1:5432/test``).

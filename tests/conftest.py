@@ -5,9 +5,12 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from io import StringIO
 from pathlib import Path
+from typing import Any
 
 import pytest
+from django.core.management import call_command
 from django.db import connection
 
 from tests import jobs
@@ -59,7 +62,7 @@ def is_postgres() -> bool:
 def worker_env() -> dict[str, str]:
     """Environment for a worker process that talks to this test database."""
     env = dict(os.environ)
-    env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+    env["DJANGO_SETTINGS_MODULE"] = "tests.support.settings"
     env["JOBRUNS_TEST_DB_NAME"] = str(connection.settings_dict["NAME"])
     env["PYTHONPATH"] = str(ROOT)
     return env
@@ -88,3 +91,10 @@ def manage(*args: str, extra_env: dict[str, str] | None = None) -> subprocess.Po
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def call(name: str, *args: Any) -> str:
+    """A management command's output, stripped (its stderr discarded)."""
+    out = StringIO()
+    call_command(name, *args, stdout=out, stderr=StringIO())
+    return out.getvalue().strip()

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from django_jobruns import start_job_run
 from django_jobruns.models import JobRun, JobStep, Status
-from tests.factories import finished_runs
+from tests.support.factories import finished_runs
 
 pytestmark = pytest.mark.django_db
 

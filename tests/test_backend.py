@@ -22,8 +22,8 @@ from django_jobruns import run_due_jobs, start_job_run
 from django_jobruns.backend import JobRunsBackend, TaskResultDoesNotExist, TaskResultStatus
 from django_jobruns.models import TASKS_MODULE, JobAttempt, JobRun
 from django_jobruns.steering import cancel_job_run
-from tests import task_functions as t
 from tests.conftest import manage
+from tests.support import task_functions as t
 
 _framework = importlib.import_module("django.tasks" if importlib.util.find_spec("django.tasks") else "django_tasks")
 task_backends: Any = _framework.task_backends
@@ -277,15 +277,15 @@ def test_the_admin_lists_task_runs_by_task_filters_queue_and_priority_and_shows_
     email = t.send_email.enqueue("ops@example.com")
     run_due_jobs(limit=2, queues=["default"])
     page = admin_client.get(changelist).content.decode().replace("<wbr>", "")
-    assert "task tests.task_functions.add [queue default, priority 0]" in page
-    assert "task tests.task_functions.send_email [queue emails, priority 10]" in page
+    assert "task tests.support.task_functions.add [queue default, priority 0]" in page
+    assert "task tests.support.task_functions.send_email [queue emails, priority 10]" in page
     only_emails = admin_client.get(changelist, {"queue": "emails"}).content.decode()
     assert email.id in only_emails and done.id not in only_emails
     high = admin_client.get(changelist, {"priority": "high"}).content.decode()
     assert email.id in high and failing.id not in high
 
     detail = admin_client.get(reverse("admin:django_jobruns_jobrun_change", args=[done.id])).content.decode()
-    assert "tests.task_functions.add" in detail and "40" in detail and "42" in detail
+    assert "tests.support.task_functions.add" in detail and "40" in detail and "42" in detail
     detail = admin_client.get(reverse("admin:django_jobruns_jobrun_change", args=[failing.id])).content.decode()
     assert "builtins.ValueError" in detail and "This task failed due to ValueError" in detail
     assert "(not finished)" in detail

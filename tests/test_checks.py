@@ -105,7 +105,7 @@ def test_e004_when_rangefilter_is_missing(settings):
 def _command(tmp_path: Any, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     environ = {
         **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "DJANGO_SETTINGS_MODULE": "tests.support.settings",
         "DATABASE_URL": f"sqlite:///{tmp_path / 'fresh.sqlite3'}",
         "JOBRUNS_SQLITE_DEFAULTS": "1",
         "JOBRUNS_TEST_SHOW_W001": "1",

@@ -46,7 +46,7 @@ def test_c1_sixteen_threads_starting_one_key_create_one_live_run():
 @pytest.mark.django_db(transaction=True)
 def test_c1_processes_starting_one_key_create_one_live_run():
     from tests.conftest import spawn_env
-    from tests.process_helpers import start_one_key
+    from tests.support.process_helpers import start_one_key
 
     # Spawned, not forked: each process is a fresh interpreter with its own connection.
     ctx = multiprocessing.get_context("spawn")
@@ -139,7 +139,7 @@ def test_keys_compare_exactly_on_every_backend(first, second):
 @pytest.mark.django_db(transaction=True)
 def test_keys_differing_only_in_case_or_trailing_space_are_distinct_under_concurrent_processes():
     from tests.conftest import spawn_env
-    from tests.process_helpers import start_one_key
+    from tests.support.process_helpers import start_one_key
 
     spellings = ["Supplier-7", "supplier-7", "supplier-7 ", "Supplier-7", "supplier-7", "supplier-7 "]
     ctx = multiprocessing.get_context("spawn")

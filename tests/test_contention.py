@@ -21,7 +21,7 @@ PROCESSES, ROUNDS = 4, 40
 
 
 def test_starts_racing_completions_on_one_key_lose_nothing(effects):
-    from tests.process_helpers import start_and_drive
+    from tests.support.process_helpers import start_and_drive
 
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(PROCESSES)

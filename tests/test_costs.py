@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from django_jobruns import run_due_jobs, start_job_run
 from django_jobruns.drive import drive_run
-from tests.factories import finished_runs
+from tests.support.factories import finished_runs
 
 pytestmark = pytest.mark.django_db
 

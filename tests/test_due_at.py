@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from django_jobruns import run_due_jobs, start_job_run
 from django_jobruns.models import TASKS_MODULE, JobRun, Status
-from tests import task_functions as t
+from tests.support import task_functions as t
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -82,7 +82,9 @@ def test_a_busy_healthy_system_is_healthy_whatever_the_age_of_its_runs(behaviour
 def _backlog(count: int, queue: str) -> None:
     """``count`` due tasks of ``queue``, inserted at once, due before anything started after them."""
     now = timezone.now() - timedelta(minutes=1)
-    payload = json.dumps({"task": "tests.task_functions.noop_task", "args": [], "kwargs": {}}, separators=(",", ":"))
+    payload = json.dumps(
+        {"task": "tests.support.task_functions.noop_task", "args": [], "kwargs": {}}, separators=(",", ":")
+    )
     JobRun.objects.bulk_create(
         [
             JobRun(

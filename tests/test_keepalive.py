@@ -84,7 +84,7 @@ def test_a_step_body_three_leases_long_runs_once_and_is_never_taken_over(tmp_pat
 @pytest.mark.slow
 def test_a_task_three_leases_long_runs_once_and_is_never_taken_over(tmp_path, effects):
     """D17 for a ``@task`` (the backend's LEASE_TTL is 5 s in the test settings)."""
-    from tests.task_functions import blocking_task
+    from tests.support.task_functions import blocking_task
 
     fifo, release = fifos(tmp_path, "entered", "release")
     result = blocking_task.enqueue(str(effects), str(fifo), str(release))
@@ -281,7 +281,7 @@ def test_a_stop_signal_set_while_a_body_runs_sets_stopping(behaviour):
 
 @pytest.mark.slow
 def test_a_task_sees_stopping_on_sigterm_and_returns_what_it_has(tmp_path, effects):
-    from tests.task_functions import stoppable_task
+    from tests.support.task_functions import stoppable_task
 
     (fifo,) = fifos(tmp_path, "entered")
     result = stoppable_task.enqueue(str(effects), str(fifo))

@@ -24,7 +24,7 @@ from django.db import connection
 from django_jobruns import run_due_jobs, start_job_run
 from django_jobruns.models import JobRun
 from tests.conftest import effect_lines, manage
-from tests.netfault import delay_clock_reading, forwarding
+from tests.support.netfault import delay_clock_reading, forwarding
 
 pytestmark = [
     pytest.mark.slow,
@@ -304,11 +304,12 @@ def test_a_host_whose_clock_runs_ten_days_fast_prunes_nothing_that_just_ended():
 
 @pytest.mark.skipif("connection.vendor != 'postgresql'", reason="PgBouncer is PostgreSQL's")
 @pytest.mark.skipif(
-    "not __import__('tests.pgbouncer').pgbouncer.available() and not os.environ.get('JOBRUNS_REQUIRE_PGBOUNCER')",
+    "not __import__('tests.support.pgbouncer').support.pgbouncer.available() "
+    "and not os.environ.get('JOBRUNS_REQUIRE_PGBOUNCER')",
     reason="needs Debian's pgbouncer",
 )
 def test_behind_pgbouncer_in_transaction_mode_the_drive_says_wake_ups_cannot_arrive_and_polls(effects):
-    from tests.pgbouncer import pgbouncer
+    from tests.support.pgbouncer import pgbouncer
 
     name = settings.DATABASES["default"]["NAME"]
     with connection.cursor() as cur:

@@ -173,7 +173,7 @@ def test_health_fails_when_the_database_cannot_be_reached():
 
     env = {
         "PATH": "/usr/bin:/bin",
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "DJANGO_SETTINGS_MODULE": "tests.support.settings",
         "DATABASE_URL": "postgres://nobody@127.0.0.1:9/nowhere",
     }
     done = subprocess.run(
@@ -186,3 +186,22 @@ def test_health_fails_when_the_database_cannot_be_reached():
     )
     assert done.returncode == 1 and "cannot reach the database" in done.stderr, done.stderr
     assert json.loads(done.stdout)["healthy"] is False
+
+
+@pytest.mark.parametrize("value", ["inf", "1e300", "nan", "-1", "0", "soon"])
+def test_health_refuses_a_lag_that_is_not_a_finite_positive_number_in_one_line(value):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "job_runs", "--health", "--max-lag", value],
+        cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", "DJANGO_SETTINGS_MODULE": "tests.support.settings"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "--max-lag" in done.stderr and value in done.stderr, done.stderr

@@ -13,7 +13,7 @@ from django.utils import timezone
 from django_jobruns import job_runs
 from django_jobruns.models import JobRun, Status
 from django_jobruns.pruning import prune_job_runs
-from tests.factories import finished_runs
+from tests.support.factories import finished_runs
 
 pytestmark = pytest.mark.django_db
 

@@ -1,6 +1,6 @@
 """Database routing: a project that routes django_jobruns to a database of its own keeps all of it there.
 
-The check runs in its own pytest process under ``tests.settings_routed`` (two
+The check runs in its own pytest process under ``tests.support.settings_routed`` (two
 databases and a router), against the same database server as this suite.
 """
 
@@ -14,7 +14,7 @@ from tests.conftest import ROOT
 
 
 def test_starts_drives_restarts_reads_commands_and_admin_all_use_the_routed_database():
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings_routed", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.support.settings_routed", "PYTHONPATH": str(ROOT)}
     env.pop("JOBRUNS_TEST_DB_NAME", None)
     proc = subprocess.run(
         [
@@ -24,9 +24,9 @@ def test_starts_drives_restarts_reads_commands_and_admin_all_use_the_routed_data
             "-q",
             "-p",
             "no:cacheprovider",
-            "--ds=tests.settings_routed",
+            "--ds=tests.support.settings_routed",
             "--create-db",
-            str(ROOT / "tests" / "routed" / "check_routed.py"),
+            str(ROOT / "tests" / "support" / "routed" / "check_routed.py"),
         ],
         cwd=ROOT,
         env=env,

@@ -23,8 +23,8 @@ from django_jobruns import run_due_jobs
 from django_jobruns.backend import JobRunsBackend, TaskResultDoesNotExist, TaskResultStatus
 from django_jobruns.exceptions import InvalidDriveOptions
 from django_jobruns.models import TASKS_MODULE, JobAttempt, JobRun, Status
-from tests import task_functions as t
 from tests.conftest import ROOT, manage, worker_env
+from tests.support import task_functions as t
 
 _framework = importlib.import_module("django.tasks" if importlib.util.find_spec("django.tasks") else "django_tasks")
 task_backends: Any = _framework.task_backends
@@ -149,13 +149,13 @@ def test_a_task_the_worker_cannot_import_is_stepped_over_named_and_run_once_it_c
     broken = t.add.enqueue(1, 1)
     run = JobRun.objects.get(pk=broken.id)
     payload = json.loads(run.payload)
-    payload["task"] = "tests.task_functions.added_by_the_next_release"
+    payload["task"] = "tests.support.task_functions.added_by_the_next_release"
     JobRun.objects.filter(pk=run.pk).update(payload=json.dumps(payload))
     behind = t.add.enqueue(2, 2)
     report = run_due_jobs(limit=5)
     assert report.completed == 1 and report.failed == 0 and report.retrying == 0
     assert report.unregistered == 1
-    assert report.as_dict()["unregistered_jobs"] == {"tests.task_functions.added_by_the_next_release": 1}
+    assert report.as_dict()["unregistered_jobs"] == {"tests.support.task_functions.added_by_the_next_release": 1}
     assert "added_by_the_next_release" in caplog.text
     run.refresh_from_db()
     assert run.status == Status.RUNNING and run.attempts == 0 and run.lease_holder is None
@@ -222,7 +222,7 @@ def test_the_backend_named_without_the_app_installed_is_a_check_error_not_a_trac
     env = {**worker_env(), "DJANGO_SETTINGS_MODULE": "noapp_settings", "PYTHONPATH": f"{tmp_path}:{ROOT}"}
     # As a project's code would: its tasks module is imported (a view, a urlconf), then a command runs.
     script = (
-        "import django; django.setup(); import tests.task_functions; "
+        "import django; django.setup(); import tests.support.task_functions; "
         "from django.core.management import execute_from_command_line; execute_from_command_line(['manage', 'check'])"
     )
     done = subprocess.run(
@@ -236,7 +236,7 @@ def test_the_backend_named_without_the_app_installed_is_a_check_error_not_a_trac
 def test_on_django_5_2_the_backends_checks_run_without_the_backport_installed_as_an_app(tmp_path):
     settings = tmp_path / "nobackport_settings.py"
     settings.write_text(
-        "from tests.settings import *\n"
+        "from tests.support.settings import *\n"
         "INSTALLED_APPS = [a for a in INSTALLED_APPS if a != 'django_tasks']\n"
         "TASKS = {'default': {'BACKEND': 'django_jobruns.backend.JobRunsBackend', 'OPTIONS': {'LEASE_TTL': 1}}}\n"
     )
@@ -267,16 +267,16 @@ def test_operators_find_and_read_a_task_by_its_path(caplog):
     ok = t.flaky.enqueue("/nonexistent/dir/log", 0)  # fails: the log cannot be opened
     done = t.send_email.enqueue("a@example.com")
     report = run_due_jobs(limit=5)
-    assert "tests.task_functions.flaky" in caplog.text  # the log names the task, not the internal job
-    assert report.as_dict()["runs"] == {ok.id: "tests.task_functions.flaky"}  # --json names it too
-    assert [r.id for r in job_runs(job="tests.task_functions.send_email")] == [done.id]
+    assert "tests.support.task_functions.flaky" in caplog.text  # the log names the task, not the internal job
+    assert report.as_dict()["runs"] == {ok.id: "tests.support.task_functions.flaky"}  # --json names it too
+    assert [r.id for r in job_runs(job="tests.support.task_functions.send_email")] == [done.id]
     out = StringIO()
-    call_command("job_runs", "--job", "tests.task_functions.flaky", stdout=out)
+    call_command("job_runs", "--job", "tests.support.task_functions.flaky", stdout=out)
     assert ok.id in out.getvalue() and done.id not in out.getvalue()
-    assert "tests.task_functions.flaky" in out.getvalue()
+    assert "tests.support.task_functions.flaky" in out.getvalue()
     out = StringIO()
     call_command("job_runs", done.id, stdout=out)
     shown = out.getvalue()
-    assert "task: tests.task_functions.send_email" in shown and "return_value: sent to a@example.com" in shown
+    assert "task: tests.support.task_functions.send_email" in shown and "return_value: sent to a@example.com" in shown
     assert "queue: emails" in shown and "priority: 10" in shown and "attempts: 1" in shown
     assert "cursor:" not in shown

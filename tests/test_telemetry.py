@@ -208,7 +208,7 @@ def test_without_a_configured_sdk_nothing_is_recorded_or_stored(behaviour, clock
 
 
 def test_a_task_enqueued_in_a_request_is_linked_from_the_pass_that_runs_it(otel):
-    from tests import task_functions as t
+    from tests.support import task_functions as t
 
     with otel.tracer.start_as_current_span("POST /checkout") as request:
         result = t.add.enqueue(2, 3)

@@ -16,7 +16,10 @@ from django_jobruns.management.scheduled import ScheduledCommand
 from django_jobruns.models import JobAttempt, JobRun, JobStep, Status
 from django_jobruns.records import STATES, JobRunRecord, in_state, list_limit, of_job
 
-from .run_due_jobs import first_line
+from .run_due_jobs import first_line, seconds
+
+#: The longest --max-lag: thirty days (a lag past that is no liveness check).
+MAX_LAG_SECONDS = 30 * 24 * 3600.0
 
 
 class Command(ScheduledCommand):
@@ -47,7 +50,7 @@ class Command(ScheduledCommand):
         )
         parser.add_argument(
             "--max-lag",
-            type=float,
+            type=seconds(most=MAX_LAG_SECONDS),
             default=300.0,
             metavar="SECONDS",
             help="with --health: the longest a due run may wait, and a lapsed lease stay untaken (default 300)",
@@ -68,7 +71,7 @@ class Command(ScheduledCommand):
     # -- the list ----------------------------------------------------------------
 
     def list(self, options: dict[str, Any]) -> None:
-        rows = JobRun.objects.all()
+        rows = JobRun.objects.using(db.alias()).all()
         if options["status"]:
             rows = rows.filter(status=options["status"])
         if options["job"]:
@@ -112,15 +115,18 @@ class Command(ScheduledCommand):
             raise CommandError(f"--max-lag must be a positive number of seconds, got {max_lag}")
         try:
             now = db.now()
-            due = JobRun.objects.due(now)
+            due = JobRun.objects.using(db.alias()).due(now)
             # How long the due runs have waited since they became due (D9), not since they started:
             # a run driven every second is never late, however old it is.
             oldest = due.order_by("due_at", "id").values_list("id", "due_at")[:1]
             lag_cutoff = now - timedelta(seconds=max_lag)
-            lapsed = JobRun.objects.lapsed(lag_cutoff)
+            lapsed = JobRun.objects.using(db.alias()).lapsed(lag_cutoff)
             lapsed_count = lapsed.count()
             first = list(oldest)
-            counts = {"due": due.count(), "running": JobRun.objects.filter(status=Status.RUNNING).count()}
+            counts = {
+                "due": due.count(),
+                "running": JobRun.objects.using(db.alias()).filter(status=Status.RUNNING).count(),
+            }
         except DatabaseError as exc:
             problem = f"cannot reach the database: {first_line(exc)}"
             if as_json:
@@ -161,7 +167,7 @@ class Command(ScheduledCommand):
     # -- one run -----------------------------------------------------------------
 
     def show(self, run_id: str, *, as_json: bool) -> None:
-        row = JobRun.objects.filter(pk=run_id.strip().upper()).first()
+        row = JobRun.objects.using(db.alias()).filter(pk=run_id.strip().upper()).first()
         if row is None:
             raise CommandError(f"no run has the id {run_id!r}")
         record = _plain(JobRunRecord.from_row(row).__dict__)
@@ -175,9 +181,14 @@ class Command(ScheduledCommand):
                 "last_error": step.last_error,
                 "recorded_at": _plain(step.recorded_at),
             }
-            for step in JobStep.objects.filter(run_id=row.id).order_by("recorded_at", "id")
+            for step in JobStep.objects.using(db.alias()).filter(run_id=row.id).order_by("recorded_at", "id")
         ]
-        restarts = list(JobRun.objects.filter(restarted_from_id=row.id).order_by("id").values_list("id", flat=True))
+        restarts = list(
+            JobRun.objects.using(db.alias())
+            .filter(restarted_from_id=row.id)
+            .order_by("id")
+            .values_list("id", flat=True)
+        )
         attempts = [
             {
                 "number": a.number,
@@ -186,7 +197,7 @@ class Command(ScheduledCommand):
                 "ended_at": _plain(a.ended_at),
                 "error": a.error_class,
             }
-            for a in JobAttempt.objects.filter(run_id=row.id).order_by("number", "id")
+            for a in JobAttempt.objects.using(db.alias()).filter(run_id=row.id).order_by("number", "id")
         ]
         if row.is_task:
             # A task: its return value (the run's final cursor), queue, priority, and its attempts as recorded.
@@ -228,7 +239,8 @@ def _seconds(since: Any, now: datetime) -> float:
 def _age(started: datetime, now: datetime) -> str:
     if now - started < timedelta(minutes=1):
         return "just now"
-    return f"{timesince(started, now, depth=1)} ago"
+    # Django's timesince joins number and unit with a no-break space: a plain one, so grep finds "2 minutes".
+    return f"{timesince(started, now, depth=1)} ago".replace("\xa0", " ")
 
 
 def _plain(value: Any) -> Any:

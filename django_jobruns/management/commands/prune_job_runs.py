@@ -55,8 +55,8 @@ def _status(text: str) -> tuple[str, float | None]:
 class Command(ScheduledCommand):
     help = (
         "Delete finished (done, failed or cancelled) job runs that ended more than --older-than days ago, "
-        "in batches, each its own short transaction. --status failed=90 --status done=7 keeps failures "
-        "longer than successes."
+        "in batches, each its own short transaction. --older-than 7 --status failed=90 keeps failures 90 "
+        "days and the other finished statuses 7; a bare --status S prunes only the statuses named."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -73,8 +73,8 @@ class Command(ScheduledCommand):
             type=_status,
             dest="statuses",
             metavar="STATUS[=DAYS]",
-            help="only runs with this status, optionally with its own age in days "
-            "(repeatable; default: every finished status)",
+            help="STATUS=DAYS: this status's own age (the other finished statuses keep --older-than); "
+            "a bare STATUS: prune only the statuses named (repeatable; default: every finished status)",
         )
         parser.add_argument("--dry-run", action="store_true", help="count what would be deleted, delete nothing")
         parser.add_argument("--json", action="store_true", help="print a summary as JSON")
@@ -84,7 +84,12 @@ class Command(ScheduledCommand):
         default = options["older_than"]
         if default is None and not options["statuses"]:
             raise CommandError("--older-than DAYS is required (or give each --status its own age: --status failed=90)")
-        chosen = options["statuses"] or [(status, None) for status in FINISHED]
+        named = options["statuses"] or []
+        chosen = list(named)
+        if not named or (default is not None and all(days is not None for _, days in named)):
+            # Only statuses with their own age named ("7 days, but 90 for failures"): the other
+            # finished statuses keep --older-than. A bare --status S limits the prune to those named.
+            chosen += [(status, None) for status in FINISHED if status not in {name for name, _ in named}]
         plan: dict[str, float] = {}
         for status, days in chosen:
             age = days if days is not None else default

@@ -5,8 +5,8 @@ The default database holds every other app's tables and none of django_jobruns's
 
 import copy
 
-from tests.settings import *  # noqa: F403
-from tests.settings import DATABASES, VAR_DIR
+from tests.support.settings import *  # noqa: F403
+from tests.support.settings import DATABASES, VAR_DIR
 
 _default = DATABASES["default"]
 _jobruns = copy.deepcopy(_default)
@@ -18,4 +18,4 @@ else:
     _default["TEST"] = {"NAME": f"test_routed_{_default['NAME']}"}
     _jobruns["TEST"] = {"NAME": f"test_routed_jobruns_{_default['NAME']}"}
 DATABASES = {"default": _default, "jobruns": _jobruns}
-DATABASE_ROUTERS = ["tests.routers.JobRunsRouter"]
+DATABASE_ROUTERS = ["tests.support.routers.JobRunsRouter"]

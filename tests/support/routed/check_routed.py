@@ -1,4 +1,4 @@
-"""Run by tests/test_routing.py under tests.settings_routed: the app on a database of its own."""
+"""Run by tests/test_routing.py under tests.support.settings_routed: the app on a database of its own."""
 
 from __future__ import annotations
 
@@ -62,6 +62,9 @@ def test_the_app_lives_on_its_own_database_and_every_path_uses_it(admin_client, 
     out = StringIO()
     call_command("prune_job_runs", "--older-than", "0", "--dry-run", stdout=out)
     assert "would delete" in out.getvalue()
+    out = StringIO()
+    call_command("job_runs", failed.pk, stdout=out)  # one run in full: its steps from the app's database
+    assert "boom" in out.getvalue(), out.getvalue()
 
     listing = admin_client.get(reverse("admin:django_jobruns_jobrun_changelist"))
     assert listing.status_code == 200 and run.pk in listing.content.decode()
