@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -39,6 +40,8 @@ except ImportError:  # the otel extra is not installed: nothing is traced or mea
 if TYPE_CHECKING:
     from .models import JobRun
     from .outcomes import PassOutcome
+
+logger = logging.getLogger("django_jobruns")
 
 SYSTEM = "django_jobruns"
 SCOPE = "django_jobruns"
@@ -93,9 +96,7 @@ class Telemetry:
             "messaging.operation.name": "send",
             "messaging.destination.name": label,
         }
-        with self.tracer.start_as_current_span(
-            f"send {label}", kind=otel_trace.SpanKind.PRODUCER, attributes=attributes
-        ) as span:
+        with _span(self.tracer, f"send {label}", kind=otel_trace.SpanKind.PRODUCER, attributes=attributes) as span:
             carrier: dict[str, str] = {}
             otel_propagate.inject(carrier)
             yield StartSpan(span, json.dumps(carrier, separators=(",", ":")) if carrier else None)
@@ -117,9 +118,7 @@ class Telemetry:
         if self.tracer is None:
             yield None
             return
-        with self.tracer.start_as_current_span(
-            "jobruns.drive", attributes={"messaging.system": SYSTEM, "jobruns.holder": holder}
-        ):
+        with _span(self.tracer, "jobruns.drive", attributes={"messaging.system": SYSTEM, "jobruns.holder": holder}):
             yield otel_context.get_current()
 
     def takeover(self, label: str) -> None:
@@ -151,7 +150,8 @@ class Telemetry:
                     "jobruns.attempt": max(run.attempts, 0) + 1,
                     "jobruns.fence": fence,
                 }
-                with self.tracer.start_as_current_span(
+                with _span(
+                    self.tracer,
                     f"process {label}",
                     kind=otel_trace.SpanKind.CONSUMER,
                     attributes=attributes,
@@ -191,8 +191,8 @@ class Telemetry:
             if self.tracer is None:
                 value, hit = call()
             else:
-                with self.tracer.start_as_current_span(
-                    f"step {name}", attributes={"jobruns.step.name": name, "jobruns.run.id": run.id}
+                with _span(
+                    self.tracer, f"step {name}", attributes={"jobruns.step.name": name, "jobruns.run.id": run.id}
                 ) as span:
                     value, hit = call()
                     span.set_attribute("jobruns.step.memo", "hit" if hit else "miss")
@@ -277,18 +277,63 @@ def attached(parent: Any) -> Iterator[None]:
 
 
 def _start_link(stored: str | None) -> list[Any]:
+    """The link to the start's span from a run's stored trace context; none from one that does not decode."""
     if not stored:
         return []
     try:
         carrier = json.loads(stored)
     except ValueError:
+        carrier = None
+    if not isinstance(carrier, dict) or not all(isinstance(v, str) for v in carrier.values()):
+        _warn_once("a run's stored trace context is not a map of texts: its passes are not linked to its start")
         return []
-    if not isinstance(carrier, dict):
+    try:
+        span_context = otel_trace.get_current_span(otel_propagate.extract(carrier)).get_span_context()
+    except Exception:
+        _warn_once("a run's stored trace context could not be read: its passes are not linked to its start")
         return []
-    span_context = otel_trace.get_current_span(otel_propagate.extract(carrier)).get_span_context()
     if not span_context.is_valid:
         return []
     return [otel_trace.Link(span_context, {"jobruns.link": "start"})]
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    """Telemetry's own trouble, said once per process: it never changes what the engine does."""
+    if message not in _warned:
+        _warned.add(message)
+        logger.warning("%s", message, exc_info=True)
+
+
+@contextlib.contextmanager
+def _span(tracer: Any, name: str, **kwargs: Any) -> Iterator[Any]:
+    """``tracer.start_as_current_span``, inert when the SDK's parts raise (a processor's ``on_start``, ``on_end``).
+
+    The block runs all the same, under a span that records nothing, and the
+    trouble is said once. What the block itself raises goes through untouched.
+    """
+    try:
+        manager = tracer.start_as_current_span(name, **kwargs)
+        span = manager.__enter__()
+    except Exception:
+        _warn_once(f"a span could not be started ({name}): telemetry goes on without it")
+        yield otel_trace.INVALID_SPAN
+        return
+    try:
+        yield span
+    except BaseException as exc:
+        try:
+            manager.__exit__(type(exc), exc, exc.__traceback__)
+        except BaseException as ending:
+            if ending is not exc:
+                _warn_once(f"a span could not be ended ({name})")
+        raise
+    try:
+        manager.__exit__(None, None, None)
+    except Exception:
+        _warn_once(f"a span could not be ended ({name})")
 
 
 class Traced(NamedTuple):

@@ -67,3 +67,16 @@ def test_every_module_and_function_the_docs_name_exists():
 @pytest.mark.parametrize("name", sorted(set(BENCH_REF.findall(text())) - {"perf", "RESULTS"}))
 def test_every_bench_the_docs_name_exists(name):
     assert (ROOT / "bench" / f"{name}.py").exists() or (ROOT / "bench" / name).is_dir(), name
+
+
+def test_the_readmes_sqlite_settings_pass_the_warning_check():
+    """A project that follows the README's set-up passes ``check --fail-level WARNING`` (no jobruns.W001)."""
+    from django_jobruns.checks import sqlite_transaction_mode_warnings
+
+    readme = (ROOT / "README.md").read_text()
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "transaction_mode" in b]
+    assert blocks, "the README shows the SQLite settings"
+    project = {"DATABASES": {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": "db.sqlite3"}}}
+    exec(blocks[0], project)  # noqa: S102 -- the README's own settings block
+    assert "django_jobruns" in project["INSTALLED_APPS"] and "rangefilter" in project["INSTALLED_APPS"]
+    assert sqlite_transaction_mode_warnings(project["DATABASES"]) == []

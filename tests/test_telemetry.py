@@ -221,3 +221,38 @@ def test_a_task_enqueued_in_a_request_is_linked_from_the_pass_that_runs_it(otel)
     (link,) = process.links
     assert link.context.span_id == send.context.span_id
     assert process.attributes["jobruns.outcome"] == "completed"
+
+
+@pytest.mark.parametrize("stored", ['{"traceparent": 123}', "[1, 2]", "not json", '{"traceparent": {"a": 1}}'])
+def test_a_malformed_stored_trace_context_is_ignored_and_the_run_is_worked(otel, behaviour, clock, stored, caplog):
+    behaviour["garbled"] = lambda p: {"done": p.step("s", lambda: True)}
+    run, _ = start_job_run("tests.scripted", instance="garbled")
+    JobRun.objects.filter(pk=run.pk).update(trace_context=stored)
+    with caplog.at_level("WARNING", logger="django_jobruns"):
+        report = run_due_jobs(now=clock)
+    assert report.completed == 1 and report.errors == [], report
+    assert JobRun.objects.get(pk=run.pk).status == "done"
+    assert "process tests.scripted" in {span.name for span in otel.spans.get_finished_spans()}
+
+
+def test_a_span_processor_that_raises_costs_its_spans_only(otel, behaviour, clock, caplog):
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    class Broken(SpanProcessor):
+        def on_start(self, span: Any, parent_context: Any = None) -> None:
+            raise RuntimeError("a broken processor")
+
+        def on_end(self, span: Any) -> None:
+            raise RuntimeError("a broken processor")
+
+    from opentelemetry import trace
+
+    trace.get_tracer_provider().add_span_processor(Broken())  # type: ignore[attr-defined]
+    effects = []
+    behaviour["processed"] = lambda p: {"done": p.step("s", lambda: effects.append(1) or True)}
+    with caplog.at_level("WARNING", logger="django_jobruns"):
+        run, _ = start_job_run("tests.scripted", instance="processed")
+        report = run_due_jobs(now=clock)
+    assert report.completed == 1 and report.errors == [], report
+    assert effects == [1] and JobRun.objects.get(pk=run.pk).status == "done"
+    assert "a span could not be started" in caplog.text
