@@ -52,15 +52,16 @@ _built: dict[tuple[str, str], Store] = {}
 def store() -> Store:
     """The store of the database the router names for ``JobRun`` (the portable one for a database not below)."""
     from .. import db
-    from .base import Store
-    from .mysql import MySQLStore
-    from .postgresql import PostgresStore
-    from .sqlite import SQLiteStore
 
-    stores: dict[str, type[Store]] = {"postgresql": PostgresStore, "sqlite": SQLiteStore, "mysql": MySQLStore}
     alias = db.alias()
     vendor = connections[alias].vendor
     found = _built.get((alias, vendor))
     if found is None:
+        from .base import Store
+        from .mysql import MySQLStore
+        from .postgresql import PostgresStore
+        from .sqlite import SQLiteStore
+
+        stores: dict[str, type[Store]] = {"postgresql": PostgresStore, "sqlite": SQLiteStore, "mysql": MySQLStore}
         found = _built[(alias, vendor)] = stores.get(vendor, Store)(alias)
     return found
