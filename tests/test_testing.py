@@ -151,3 +151,16 @@ def test_the_drive_hook_sees_passes_and_steps_and_can_abandon_a_pass(behaviour):
     again, _ = start_job_run("tests.scripted", instance="hooked")
     drive_to_completion(again)
     assert len(watcher.seen) == 6
+
+
+def test_assert_resumable_can_sample_its_crash_points_from_the_first_to_the_last(effects):
+    payload = {"log": str(effects), "passes": 4, "steps": 5}  # 20 step boundaries
+    assert_resumable("tests.walk", payload=payload, crash_points=3)
+    crashed = set(JobRun.objects.filter(instance__contains=":crash-").values_list("instance", flat=True))
+    assert len(crashed) == 3 and {"assert-resumable:crash-1", "assert-resumable:crash-20"} <= crashed, crashed
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "3"])
+def test_assert_resumable_refuses_a_crash_point_count_that_is_not_a_whole_number_of_one_or_more(bad):
+    with pytest.raises(ValueError, match="crash_points must be a whole number of 1 or more"):
+        assert_resumable(jobs.resumable, crash_points=bad)
