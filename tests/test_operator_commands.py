@@ -143,6 +143,13 @@ def test_health_is_quiet_and_zero_on_a_healthy_queue():
     assert code == 0 and out.startswith("healthy: 1 running, 1 due"), (out, err)
 
 
+def test_health_with_nothing_due_says_nothing_waits_not_a_wait_of_zero():
+    code, out, err = health()
+    assert code == 0 and out.strip() == "healthy: 0 running, 0 due, nothing waiting", (out, err)
+    report = json.loads(health("--json")[1])
+    assert report["oldest_due_wait_seconds"] is None and report["oldest_due_run"] is None
+
+
 def test_health_fails_when_the_oldest_due_run_waited_past_the_lag():
     run, _ = start_job_run("tests.walk", instance="stuck", payload={"log": "/dev/null"})
     ten_minutes_ago = timezone.now() - timedelta(minutes=10)

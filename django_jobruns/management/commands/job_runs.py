@@ -147,7 +147,7 @@ class Command(ScheduledCommand):
         report = {
             "healthy": not problems,
             "problems": problems,
-            "oldest_due_wait_seconds": round(wait, 3),
+            "oldest_due_wait_seconds": round(wait, 3) if first else None,  # nothing due: no wait to speak of
             "oldest_due_run": first[0][0] if first else None,
             "lapsed_untaken": lapsed_count,
             **counts,
@@ -156,9 +156,8 @@ class Command(ScheduledCommand):
         if as_json:
             self.stdout.write(json.dumps(report))
         elif not problems:
-            self.stdout.write(
-                f"healthy: {counts['running']} running, {counts['due']} due, the oldest due waited {wait:.0f} s"
-            )
+            waited = f"the oldest due waited {wait:.0f} s" if first else "nothing waiting"
+            self.stdout.write(f"healthy: {counts['running']} running, {counts['due']} due, {waited}")
         if problems:
             for problem in problems:
                 self.stderr.write(f"unhealthy: {problem}")
