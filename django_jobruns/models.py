@@ -117,7 +117,10 @@ class JobRun(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
     cursor = models.TextField(null=True, blank=True)
     counters = models.TextField(default="{}")
+    #: Failed attempts of the pass in flight: reset when a pass commits (the retry policy counts these).
     attempts = models.IntegerField(default=0)
+    #: Every failed pass over the run's life, silent ones (a takeover's charge) included: never reset.
+    failed_passes = models.IntegerField(default=0, db_default=0)
     last_error = models.TextField(null=True, blank=True)
     last_warning = models.TextField(null=True, blank=True)
     started_at = models.DateTimeField()

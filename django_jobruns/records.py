@@ -33,6 +33,8 @@ class JobRunRecord:
     cursor: Any
     counters: dict[str, Any]
     attempts: int
+    #: Every failed pass over the run's life (``attempts`` is reset when a pass commits).
+    failed_passes: int
     last_error: str | None
     last_warning: str | None
     started_at: datetime
@@ -81,6 +83,7 @@ class JobRunRecord:
             cursor=cursor,
             counters=counters,
             attempts=row.attempts,
+            failed_passes=row.failed_passes,
             last_error=row.last_error,
             last_warning=row.last_warning,
             started_at=row.started_at,

@@ -87,13 +87,19 @@ def charged(error: str, now: datetime) -> dict[str, Any]:
 
     Written by the claim's own statement, before the new holder's fields.
     """
-    return {"attempts": F("attempts") + 1, "last_error": error, "updated_at": now}
+    return {
+        "attempts": F("attempts") + 1,
+        "failed_passes": F("failed_passes") + 1,
+        "last_error": error,
+        "updated_at": now,
+    }
 
 
 def attempt_failed(attempts: int, error: str, now: datetime, *, next_attempt_at: datetime | None) -> dict[str, Any]:
     """A pass failed: the run backs off until ``next_attempt_at``, or -- ``None`` -- fails; the lease is given back."""
     fields: dict[str, Any] = {
         "attempts": attempts,
+        "failed_passes": F("failed_passes") + 1,  # over the run's life: a commit does not reset it
         "last_error": error,
         "updated_at": now,
         "lease_holder": None,

@@ -132,3 +132,30 @@ def test_give_up_fails_the_run_at_once_whatever_the_policy(where, clock):
     assert report.failed == 1 and report.retrying == 0
     assert after.status == Status.FAILED and after.attempts == 1
     assert "GiveUp: supplier 7 no longer exists" in after.last_error
+
+
+@pytest.mark.django_db
+def test_a_runs_failed_passes_over_its_life_are_kept_after_it_is_done(behaviour, clock, admin_client):
+    """``attempts`` counts the current pass's failures (reset by a commit); ``failed_passes`` never resets."""
+    from django.urls import reverse
+
+    failures = iter([RuntimeError("503"), RuntimeError("503 again"), None, RuntimeError("timeout"), None])
+
+    def flaky(p):
+        failure = next(failures)
+        if failure is not None:
+            raise failure
+        return {"cursor": (p.cursor or 0) + 1, "done": p.cursor == 1}
+
+    behaviour["flaky-life"] = flaky
+    run, _ = start_job_run("tests.scripted", instance="flaky-life")
+    while JobRun.objects.get(pk=run.pk).status == Status.RUNNING:
+        run_due_jobs(now=clock)
+        clock.advance(hours=1)
+    run.refresh_from_db()
+    assert run.status == Status.DONE and run.attempts == 0
+    assert run.failed_passes == 3
+    listing = admin_client.get(reverse("admin:django_jobruns_jobrun_changelist")).content.decode()
+    assert 'class="field-attempts_and_next">3' in listing or ">3 failed" in listing, listing
+    page = admin_client.get(reverse("admin:django_jobruns_jobrun_change", args=[run.pk])).content.decode()
+    assert "Failed passes" in page

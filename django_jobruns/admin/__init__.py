@@ -147,7 +147,7 @@ class JobRunAdmin(RunActions):
             None,
             {"fields": ("id", "key", "status_badge", "progress", "started_at", "updated_at", "paused_at", "ended_at")},
         ),
-        ("Retry", {"fields": ("attempts", "next_attempt_at", "last_error_display", "last_warning")}),
+        ("Retry", {"fields": ("attempts", "failed_passes", "next_attempt_at", "last_error_display", "last_warning")}),
         ("Data", {"fields": ("payload_display", "cursor_display", "counters_display")}),
         ("Lease", {"fields": ("lease_holder", "lease_state", "lease_expires_at", "lease_fence")}),
         ("Lineage", {"fields": ("restarted_from_link", "restarts_links")}),
@@ -162,6 +162,7 @@ class JobRunAdmin(RunActions):
         "paused_at",
         "ended_at",
         "attempts",
+        "failed_passes",
         "next_attempt_at",
         "last_error_display",
         "last_warning",
@@ -301,11 +302,15 @@ class JobRunAdmin(RunActions):
             within(obj.lease_expires_at, now),
         )
 
-    @admin.display(description="attempts", ordering="attempts")
+    @admin.display(description="failed passes", ordering="failed_passes")
     def attempts_and_next(self, obj: JobRun) -> SafeString:
-        """The failed attempts, and when the next one is due if the run waits out a backoff."""
+        """The run's failed passes over its life (kept once it is done), those of the pass in flight
+        when fewer, and when the next attempt is due if the run waits out a backoff."""
+        shown = format_html("{}", obj.failed_passes)
+        if 0 < obj.attempts < obj.failed_passes:
+            shown = format_html('{}<br><span class="jobruns-next">{} in a row</span>', shown, obj.attempts)
         if obj.next_attempt_at is None:
-            return format_html("{}", obj.attempts)
+            return shown
         now = timezone.now()
         when = (
             f"next {within(obj.next_attempt_at, now)}"
@@ -313,7 +318,7 @@ class JobRunAdmin(RunActions):
             else f"next due {ago(obj.next_attempt_at, now)}"
         )
         return format_html(
-            '{}<br><span class="jobruns-next" title="{}">{}</span>', obj.attempts, exact_time(obj.next_attempt_at), when
+            '{}<br><span class="jobruns-next" title="{}">{}</span>', shown, exact_time(obj.next_attempt_at), when
         )
 
     @admin.display(description="started / ended", ordering="started_at")
