@@ -630,3 +630,54 @@ def test_the_overview_is_on_the_first_page_only(admin_client):
         second = admin_client.get(reverse(CHANGELIST), {"p": "2"})
     assert second.status_code == 200 and second.context.get("overview") is None
     assert not any("COUNT(*) FROM (SELECT" in q["sql"] for q in ctx.captured_queries)
+
+
+def _summary(admin_client, run):
+    page = admin_client.get(change_url(run)).content.decode()
+    found = re.search(r'<ul class="jobruns-summary" id="jobruns-summary">(.*?)</ul>', page, re.S)
+    assert found, "the change view says the run's state at its top"
+    assert page.index("jobruns-summary") < page.index("field-id"), "above the fields"
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", found.group(1))).strip(), page
+
+
+def test_the_change_view_says_first_that_a_lease_lapsed_and_whose_it_was(admin_client):
+    expired = timezone.now() - timedelta(minutes=3)
+    run = make_run("killed", lease_holder="web-3:4242:ab", lease_expires_at=expired, attempts=1)
+    said, page = _summary(admin_client, run)
+    assert said.startswith("Lapsed lease: its holder web-3:4242:ab stopped reporting"), said
+    assert timezone.localtime(expired).isoformat(sep=" ", timespec="seconds") in said, "the exact time, to the second"
+
+
+def test_the_change_view_says_first_a_pause_and_a_backoff_with_its_end(admin_client):
+    until = timezone.now() + timedelta(minutes=7)
+    run = make_run(
+        "waiting", paused_at=timezone.now(), next_attempt_at=until, attempts=2, last_error="UpstreamDown: 503\nmore"
+    )
+    said, _ = _summary(admin_client, run)
+    assert "Paused" in said and "no drive takes it until it is unpaused" in said, said
+    exact = timezone.localtime(until).isoformat(sep=" ", timespec="seconds")
+    assert f"Backing off until {exact}" in said and "after 2 failed attempt(s)" in said and "UpstreamDown: 503" in said
+
+
+def test_the_change_view_says_who_cancelled_and_why(admin_client):
+    run = make_run("to-cancel")
+    admin_client.post(reverse("admin:django_jobruns_jobrun_cancel", args=[run.pk]), {"reason": "supplier left"})
+    said, _ = _summary(admin_client, run)
+    assert said.startswith("Cancelled") and "supplier left (by admin in the admin)" in said, said
+
+
+def test_the_change_view_shows_times_to_the_second(admin_client):
+    run = make_run("timed")
+    page = admin_client.get(change_url(run)).content.decode()
+    assert timezone.localtime(run.started_at).isoformat(sep=" ", timespec="seconds") in page
+
+
+def test_a_failed_task_offers_restart_but_not_resume(admin_client):
+    from tests.support import task_functions as t
+
+    result = t.add.using(backend="once").enqueue(1, 2)
+    JobRun.objects.filter(pk=result.id).update(status=Status.FAILED, live=None, ended_at=timezone.now())
+    page = admin_client.get(reverse("admin:django_jobruns_jobrun_change", args=[result.id])).content.decode()
+    assert 'id="jobruns-restart"' in page and 'id="jobruns-resume"' not in page
+    job_page = admin_client.get(change_url(failed_run("job-failed"))).content.decode()
+    assert 'id="jobruns-restart"' in job_page and 'id="jobruns-resume"' in job_page

@@ -286,3 +286,41 @@ def test_the_overview_shows_each_states_count_and_the_days_chart_in_light_and_da
     assert luminance(light["page"]) > 0.5 and luminance(light["count"]) < 0.5, light
     assert luminance(dark["page"]) < 0.5 and luminance(dark["count"]) > 0.5, dark
     assert light["axis"] != dark["axis"], (light, dark)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_change_views_buttons_sit_on_one_line_in_light_and_dark(browser, live_server, screenshots):
+    """Every object tool -- the app's forms' buttons, its links, Django's History -- on one baseline, one height."""
+    from selenium.webdriver.common.by import By
+
+    User.objects.create_superuser("admin", password="jobruns-demo")
+    failed = _seed()
+    running = JobRun.objects.get(instance="supplier-3")
+    JobRun.objects.filter(pk=running.pk).update(
+        lease_holder="web-3:4242:ab", lease_expires_at=timezone.now() - timedelta(minutes=2)
+    )
+    browser.get(f"{live_server.url}/admin/login/?next=/admin/django_jobruns/jobrun/{running.pk}/change/")
+    browser.find_element(By.NAME, "username").send_keys("admin")
+    browser.find_element(By.NAME, "password").send_keys("jobruns-demo")
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    measure = """
+        return [...document.querySelectorAll('.object-tools button, .object-tools a')].map(tool => {
+            const box = tool.getBoundingClientRect();
+            return [tool.textContent.trim(), Math.round(box.top), Math.round(box.bottom)];
+        });
+    """
+    for theme in ("light", "dark"):
+        for run, name in ((running, "lapsed"), (failed, "failed")):
+            browser.get(f"{live_server.url}/admin/django_jobruns/jobrun/{run.pk}/change/")
+            browser.execute_script(f"localStorage.setItem('theme', '{theme}')")
+            browser.refresh()
+            assert "jobruns-summary" in browser.page_source
+            tools = browser.execute_script(measure)
+            assert len(tools) >= 2, tools
+            assert len({top for _, top, _ in tools}) == 1 and len({bottom for _, _, bottom in tools}) == 1, (
+                theme,
+                name,
+                tools,
+            )
+            browser.save_screenshot(str(screenshots / f"change-view-{name}-{theme}.png"))
+    browser.execute_script("localStorage.removeItem('theme')")

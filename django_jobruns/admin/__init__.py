@@ -98,6 +98,19 @@ class JobAttemptInline(_ReadOnlyInline):
         )
 
 
+def _exactly(name: str) -> Any:
+    """A time field as the change page shows it: to the second, in the project's time zone."""
+
+    def shown(self: Any, obj: JobRun) -> SafeString | str:
+        value = getattr(obj, name)
+        if value is None:
+            return "—"
+        return format_html('<time datetime="{}">{}</time>', value.isoformat(), exact_time(value))
+
+    shown.__name__ = f"{name}_exact"
+    return admin.display(description=name.replace("_", " "), ordering=name)(shown)
+
+
 @admin.register(JobRun)
 class JobRunAdmin(RunActions):
     change_form_template = "admin/django_jobruns/jobrun/change_form.html"
@@ -145,11 +158,25 @@ class JobRunAdmin(RunActions):
     fieldsets = (
         (
             None,
-            {"fields": ("id", "key", "status_badge", "progress", "started_at", "updated_at", "paused_at", "ended_at")},
+            {
+                "fields": (
+                    "id",
+                    "key",
+                    "status_badge",
+                    "progress",
+                    "started_at_exact",
+                    "updated_at_exact",
+                    "paused_at_exact",
+                    "ended_at_exact",
+                )
+            },
         ),
-        ("Retry", {"fields": ("attempts", "failed_passes", "next_attempt_at", "last_error_display", "last_warning")}),
+        (
+            "Retry",
+            {"fields": ("attempts", "failed_passes", "next_attempt_at_exact", "last_error_display", "last_warning")},
+        ),
         ("Data", {"fields": ("payload_display", "cursor_display", "counters_display")}),
-        ("Lease", {"fields": ("lease_holder", "lease_state", "lease_expires_at", "lease_fence")}),
+        ("Lease", {"fields": ("lease_holder", "lease_state", "lease_expires_at_exact", "lease_fence")}),
         ("Lineage", {"fields": ("restarted_from_link", "restarts_links")}),
     )
     readonly_fields = (
@@ -157,13 +184,13 @@ class JobRunAdmin(RunActions):
         "key",
         "status_badge",
         "progress",
-        "started_at",
-        "updated_at",
-        "paused_at",
-        "ended_at",
+        "started_at_exact",
+        "updated_at_exact",
+        "paused_at_exact",
+        "ended_at_exact",
         "attempts",
         "failed_passes",
-        "next_attempt_at",
+        "next_attempt_at_exact",
         "last_error_display",
         "last_warning",
         "payload_display",
@@ -171,11 +198,18 @@ class JobRunAdmin(RunActions):
         "counters_display",
         "lease_holder",
         "lease_state",
-        "lease_expires_at",
+        "lease_expires_at_exact",
         "lease_fence",
         "restarted_from_link",
         "restarts_links",
     )
+
+    started_at_exact = _exactly("started_at")
+    updated_at_exact = _exactly("updated_at")
+    paused_at_exact = _exactly("paused_at")
+    ended_at_exact = _exactly("ended_at")
+    next_attempt_at_exact = _exactly("next_attempt_at")
+    lease_expires_at_exact = _exactly("lease_expires_at")
 
     _TASK_FIELDSET: Any = (
         "Task",

@@ -25,6 +25,7 @@ from ..models import JobRun, JobStep, Status
 from ..starts import restart_job_run
 from ..steering import cancel_job_run, pause_job_run, retry_job_run_now, unpause_job_run
 from .display import change_url
+from .summary import summary
 
 RESTART_PERMISSION = "django_jobruns.restart_jobrun"
 STEER_PERMISSION = "django_jobruns.steer_jobrun"
@@ -91,6 +92,9 @@ class RunActions(_AdminBase):
         # Cancel is final: it is a link to a page of its own that asks, set apart from the others.
         context["steering"] = [(verb, STEERING[verb][0]) for verb in verbs if verb != "cancel"]
         context["can_cancel"] = "cancel" in verbs
+        # A task run restarts as the task again; "resume from its cursor" means nothing for a task.
+        context["can_resume"] = context["can_restart"] and obj is not None and not obj.is_task
+        context["run_summary"] = summary(obj, timezone.now()) if obj is not None else []
         return super().render_change_form(request, context, *args, **kwargs)
 
     def _run_permitted(self, request: HttpRequest, object_id: str, permitted: bool) -> JobRun:
@@ -137,7 +141,8 @@ class RunActions(_AdminBase):
         label, done, act = STEERING[verb]
         try:
             if verb == "cancel":
-                act(run, reason=reason or f"by {request.user.get_username()} in the admin")
+                by = f"by {request.user.get_username()} in the admin"
+                act(run, reason=f"{reason} ({by})" if reason else by)
             else:
                 act(run)
         except JobRunsError as exc:
