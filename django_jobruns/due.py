@@ -14,7 +14,7 @@ from django.db import DatabaseError
 
 from . import db
 from .claims import default_holder
-from .models import MARKED_UNREGISTERED, UNREGISTERED_WARNING, JobRun, Status
+from .models import MARKED_UNREGISTERED, TASKS_MODULE, UNREGISTERED_WARNING, JobRun, Status
 from .registry import Job, lookup
 from .report import Count, DriveReport
 from .store import store, watchdog
@@ -89,25 +89,30 @@ def _say_unregistered(rows: list[DueRow], report: DriveReport) -> None:
             new.setdefault(label, []).append(row.id)
     for label, ids in new.items():
         if len(report.unregistered_runs[label]) == len(ids):  # the first sighting of this job in this drive
-            logger.warning(
-                "%d due run(s) of job %s are not driven: no job of that name is registered in this process (jobs "
-                "are registered when Django imports each installed app's jobs.py); e.g. run %s",
-                len(ids),
-                label,
-                ids[0],
-            )
-    marked = [run_id for ids in new.values() for run_id in ids]
-    if not marked:
+            logger.warning("%d due run(s) of %s are not driven: %s; e.g. run %s", len(ids), label, _why(label), ids[0])
+    if not new:
         return
-    note = (
-        f"{UNREGISTERED_WARNING} in the process that drove it ({default_holder()}), seen "
-        f"{db.now():%Y-%m-%d %H:%M:%S} UTC: the job must be registered (in an installed app's jobs.py) "
-        "in the processes that run run_due_jobs"
-    )
+    where = f"in the process that drove it ({default_holder()}), seen {db.now():%Y-%m-%d %H:%M:%S} UTC"
     try:
         with watchdog.guarded(db.connection()):
-            JobRun.objects.using(db.alias()).filter(pk__in=marked, status=Status.RUNNING).exclude(
-                MARKED_UNREGISTERED
-            ).update(last_warning=note)
+            for label, ids in new.items():
+                note = f"{UNREGISTERED_WARNING} {where}: {_why(label)}"
+                JobRun.objects.using(db.alias()).filter(pk__in=ids, status=Status.RUNNING).exclude(
+                    MARKED_UNREGISTERED
+                ).update(last_warning=note)
     except DatabaseError:
         logger.debug("could not mark the runs whose job is not registered", exc_info=True)
+
+
+def _why(label: str) -> str:
+    """What is missing in this process for runs of ``label`` to be driven: a job, or a Tasks backend."""
+    module, _, name = label.rpartition(".")
+    if module == TASKS_MODULE:
+        return (
+            f"no Tasks backend {name!r} of this app is in this process's TASKS setting (its tasks wait for a "
+            "process whose TASKS has it)"
+        )
+    return (
+        "no job of that name is registered in this process (jobs are registered when Django imports each "
+        "installed app's jobs.py)"
+    )

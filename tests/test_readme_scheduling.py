@@ -216,3 +216,27 @@ def test_a_drive_inside_atomic_is_refused_and_loses_nothing(project: Path):
     assert status(project, "atomic")["status"] == "running", run_id
     manage(project, "run_due_jobs")
     assert status(project, "atomic")["status"] == "done"
+
+
+def test_the_readmes_sqlite_settings_in_a_fresh_project_pass_the_warning_gate(project: Path, tmp_path: Path):
+    """A fresh project with the README's set-up passes ``check --fail-level WARNING`` (a common CI gate)."""
+    (settings_block,) = [b for b in re.findall(r"```python\n(.*?)```", README, re.S) if "transaction_mode" in b]
+    options = settings_block[settings_block.index('DATABASES["default"]["OPTIONS"]') :]
+    settings = project / "mysite" / "settings.py"
+    before = settings.read_text()
+    try:
+        settings.write_text(before + "\n" + options)
+        assert "jobruns.W001" not in manage(project, "check", "--fail-level", "WARNING")
+        run_id = start(project, "immediate")
+        manage(project, "run_due_jobs")
+        assert status(project, "immediate")["status"] == "done", run_id
+    finally:
+        settings.write_text(before)
+    done = subprocess.run(
+        [*CRON_ENV, python_of(project), "manage.py", "check", "--fail-level", "WARNING"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0 and "jobruns.W001" in done.stderr, "without them the gate says why"

@@ -280,3 +280,16 @@ def test_operators_find_and_read_a_task_by_its_path(caplog):
     assert "task: tests.support.task_functions.send_email" in shown and "return_value: sent to a@example.com" in shown
     assert "queue: emails" in shown and "priority: 10" in shown and "attempts: 1" in shown
     assert "cursor:" not in shown
+
+
+def test_a_task_of_a_backend_removed_from_tasks_is_named_with_the_tasks_setting_not_jobs_py(caplog):
+    """A TASKS alias removed by a deploy: its tasks wait, and the warning says what is missing (TASKS), not jobs.py."""
+    stranded = t.add.enqueue(1, 1)
+    JobRun.objects.filter(pk=stranded.id).update(job="retired")  # enqueued on an alias this process lacks
+    with caplog.at_level("WARNING", logger="django_jobruns"):
+        report = run_due_jobs()
+    assert report.unregistered == 1 and report.failed == 0
+    said = [r.getMessage() for r in caplog.records if "retired" in r.getMessage()]
+    assert said and "TASKS" in said[0] and "jobs.py" not in said[0], said
+    warning = JobRun.objects.get(pk=stranded.id).last_warning
+    assert "'retired'" in warning and "TASKS setting" in warning and "jobs.py" not in warning, warning
