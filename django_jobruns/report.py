@@ -105,6 +105,8 @@ class DriveReport:
         data["stopped"] = self.stopped
         data["unrecorded"] = [list(pair) for pair in self.unrecorded]
         data["unregistered_jobs"] = {label: len(ids) for label, ids in sorted(self.unregistered_runs.items())}
+        # Each unregistered job's runs by id, so an operator's tooling can act on them (up to 100 a job).
+        data["unregistered_runs"] = {label: sorted(ids)[:100] for label, ids in sorted(self.unregistered_runs.items())}
         data["runs"] = dict(sorted(self.titles.items()))
         data["seconds"] = round(self.seconds, 3)
         return data

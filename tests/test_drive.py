@@ -397,6 +397,7 @@ def test_a_run_whose_job_is_not_registered_is_named_in_the_log_and_report_and_ma
         report = run_due_jobs(now=clock)
         run_due_jobs(now=clock)
     assert report.as_dict()["unregistered_jobs"] == {"catalog.import_feed": 1}
+    assert report.as_dict()["unregistered_runs"] == {"catalog.import_feed": [stray.id]}  # --json names its runs
     said = [r.getMessage() for r in caplog.records if "catalog.import_feed" in r.getMessage()]
     assert len(said) == 2 and "jobs.py" in said[0] and stray.id in said[0], said  # once per drive
     stray.refresh_from_db()
