@@ -63,3 +63,54 @@ def check_rangefilter_installed(app_configs: Any = None, **kwargs: Any) -> list[
             )
         ]
     return []
+
+
+@checks.register(checks.Tags.compatibility)
+def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """jobruns.E020-E022: each schedule of ``JOBRUNS["SCHEDULES"]`` parses, names what exists, starts queue-safe."""
+    from django.utils.module_loading import import_string
+
+    from .exceptions import QueueUnsafe
+    from .queue_safety import dump_queue_safe
+    from .registry import lookup
+    from .schedules import declared
+
+    found, problems = declared()
+    messages: list[checks.CheckMessage] = [checks.Error(problem, id="jobruns.E020") for problem in problems]
+    for schedule in found.values():
+        where = f"JOBRUNS['SCHEDULES'][{schedule.name!r}]"
+        if schedule.job is not None:
+            module, _, name = schedule.job.rpartition(".")
+            if lookup(module, name) is None:
+                messages.append(
+                    checks.Error(
+                        f"{where} names the job {schedule.job!r}, which is not registered",
+                        hint="A job is registered by @job in an installed app's jobs.py, as 'app_label.name'.",
+                        id="jobruns.E021",
+                    )
+                )
+            start = {"payload": schedule.payload}
+        else:
+            try:
+                task = import_string(str(schedule.task))
+            except ImportError as exc:
+                messages.append(
+                    checks.Error(
+                        f"{where} names the task {schedule.task!r}, which cannot be imported: {exc}", id="jobruns.E021"
+                    )
+                )
+                continue
+            if not callable(getattr(task, "enqueue", None)):
+                messages.append(
+                    checks.Error(
+                        f"{where}: {schedule.task!r} is not a task (decorate the function with @task)",
+                        id="jobruns.E021",
+                    )
+                )
+            start = {"args": list(schedule.args), "kwargs": schedule.kwargs}
+        for key, value in start.items():
+            try:
+                dump_queue_safe(value, f"{where}[{key!r}]")
+            except (QueueUnsafe, TypeError, ValueError) as exc:
+                messages.append(checks.Error(f"{where}[{key!r}] is not queue-safe: {exc}", id="jobruns.E022"))
+    return messages

@@ -12,6 +12,8 @@ key                    default                      meaning
 ``PAYLOAD_MAX_BYTES``  ``1_048_576``                largest payload or cursor, as JSON
 ``STEP_RESULT_MAX_BYTES`` ``4_194_304``             largest step result, as JSON (below every
                                                     database's default packet limit)
+``SCHEDULES``          none                         periodic runs and tasks (``django_jobruns.schedules``;
+                                                    checks ``jobruns.E020``-``E022``)
 =====================  ===========================  ==========================================
 
 Read on every use, never at import time, so ``override_settings`` works. System
@@ -39,6 +41,7 @@ DEFAULTS: dict[str, Any] = {
     "SCAN_MAX": 500,
     "PAYLOAD_MAX_BYTES": 1_048_576,
     "STEP_RESULT_MAX_BYTES": 4_194_304,
+    "SCHEDULES": None,
 }
 
 

@@ -31,11 +31,11 @@ from .passes import PassObserver as PassObserver  # the drive's hook for testing
 from .passes import load_ledger, observing, run_pass
 from .registry import Job, lookup
 from .report import Count, DriveReport
+from .schedules import look_at_schedules, until_next_tick
 from .store import errors, notify, watchdog
 from .store.base import DueRow
 
 __all__ = [
-    "due_rows",
     "DriveOptions",
     "DriveReport",
     "PassObserver",
@@ -122,7 +122,7 @@ def _drive(
             if report.stopped or time.monotonic() >= deadline:
                 break
             if not worked:
-                waiter.wait(deadline)
+                waiter.wait(until_next_tick(report, options.clock(), deadline))
                 if stop is not None and stop.is_set():
                     report.stopped = True
                     break
@@ -212,6 +212,7 @@ class _Drive:
         # worker, the rest of the window is taken in random order, so workers
         # started together stop racing each other for the same next run.
         options.clock.refresh()
+        look_at_schedules(report, options.clock())  # due ticks first (S2): their runs are driven this round
         rows = due_rows(
             options.jobs,
             options.clock.lease_now(),

@@ -358,3 +358,45 @@ class JobAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"attempt {self.number} of {self.run_id}"
+
+
+class JobSchedule(models.Model):
+    """The state of one schedule of ``JOBRUNS["SCHEDULES"]`` (S1): its next tick, the last, its last run.
+
+    The schedule itself -- its cron expression, timezone, job or task -- is
+    declared in settings and deployed with the code; this row is what the
+    drives share. ``next_tick`` is the compare-and-set column: a drive that
+    finds it due advances it, in the transaction that starts the tick's run,
+    only if it is still the value it read, so each tick starts once however
+    many drives see it (S2).
+    """
+
+    name = models.CharField(max_length=200, primary_key=True)
+    #: What it starts, as last synced from settings: ``job app.name`` or ``task dotted.path``.
+    target = models.CharField(max_length=300)
+    cron = models.CharField(max_length=200)
+    timezone = models.CharField(max_length=64)
+    next_tick = models.DateTimeField(null=True, blank=True)
+    last_tick = models.DateTimeField(null=True, blank=True)
+    #: The run the last tick started or joined (a plain id: runs are pruned, the schedule stays).
+    last_run_id = models.CharField(max_length=26, null=True, blank=True)
+    paused_at = models.DateTimeField(null=True, blank=True)
+    #: Set when the schedule is no longer in settings (S5): it stops; its runs are kept.
+    removed_at = models.DateTimeField(null=True, blank=True)
+    #: Ticks that started a run or enqueued a task, and those that joined a live run instead (S3).
+    ticks = models.IntegerField(default=0, db_default=0)
+    joined = models.IntegerField(default=0, db_default=0)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name = "job schedule"
+        ordering = ("name",)
+        indexes = [models.Index(fields=["next_tick"], name="jobruns_schedule_next")]
+        permissions = [("steer_jobschedule", "Can run now, pause and unpause job schedules")]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_active(self) -> bool:
+        return self.paused_at is None and self.removed_at is None

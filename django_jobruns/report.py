@@ -44,6 +44,10 @@ class DriveReport:
     taken_over: int = 0
     #: Passes that ran past their timeout (D19): no longer renewed, failed or taken over.
     timed_out: int = 0
+    #: Schedules' ticks this drive started (a run started or a task enqueued), and those that joined a
+    #: run of the schedule still live (S2, S3).
+    ticks: int = 0
+    ticks_joined: int = 0
     errors: list[tuple[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     stopped: bool = False
@@ -56,6 +60,8 @@ class DriveReport:
     titles: dict[str, str] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     _began: float = field(default_factory=time.monotonic, repr=False, compare=False)
+    #: The schedules' next tick, as the last look saw it: a drive waiting for work wakes for it (S4).
+    next_tick: Any = field(default=None, repr=False, compare=False)
 
     COUNTS = (
         "attempted",
@@ -70,9 +76,11 @@ class DriveReport:
         "unregistered",
         "taken_over",
         "timed_out",
+        "ticks",
+        "ticks_joined",
     )
     #: Counts the one-line summary shows only when they are not zero.
-    RARE = ("unregistered", "taken_over", "timed_out")
+    RARE = ("unregistered", "taken_over", "timed_out", "ticks", "ticks_joined")
 
     def add(self, count: Count) -> None:
         with self._lock:

@@ -352,3 +352,20 @@ def traced_drive(holder: str) -> Iterator[Traced | None]:
         return
     with recorder.driving(holder) as parent:
         yield Traced(recorder, parent)
+
+
+@contextlib.contextmanager
+def ticking(schedule: str, target: str, tick: datetime) -> Iterator[None]:
+    """A schedule's tick being started: a span around the start (the run's own start span is its child)."""
+    recorder = current()
+    if recorder is None or recorder.tracer is None:
+        yield
+        return
+    attributes = {
+        "messaging.system": SYSTEM,
+        "jobruns.schedule": schedule,
+        "jobruns.schedule.target": target,
+        "jobruns.schedule.tick": tick.isoformat(),
+    }
+    with _span(recorder.tracer, f"tick {schedule}", attributes=attributes):
+        yield

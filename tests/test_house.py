@@ -95,3 +95,12 @@ def test_importing_a_vendor_fact_loads_no_model():
     loaded = eval(out.stdout)  # noqa: S307 -- our own subprocess's printed list
     assert "django_jobruns.models" not in loaded
     assert "django_jobruns.store.base" not in loaded
+
+
+def test_no_module_is_over_450_lines():
+    long = {
+        str(path.relative_to(ROOT)): count
+        for path in PACKAGE.rglob("*.py")
+        if "migrations" not in path.parts and (count := len(path.read_text().splitlines())) > 450
+    }
+    assert long == {}, long

@@ -25,6 +25,20 @@ if _db["ENGINE"].endswith("sqlite3") and os.environ.get("JOBRUNS_SQLITE_DEFAULTS
 if os.environ.get("JOBRUNS_TEST_MISSPELT_SETTING"):
     JOBRUNS = {"LEASE_TLL": 60}  # a key the app does not know: jobruns.E001
 
+if os.environ.get("JOBRUNS_TEST_SCHEDULES"):
+    # Worker processes of the schedule tests: the schedules as JSON.
+    import json as _json
+
+    JOBRUNS = {"SCHEDULES": _json.loads(os.environ["JOBRUNS_TEST_SCHEDULES"])}
+
+if os.environ.get("JOBRUNS_TEST_GATE"):
+    # Worker processes that start their drives together: each says it is ready on one FIFO, then
+    # waits on another until the test opens it (a barrier across processes, no sleep).
+    _gate = os.environ["JOBRUNS_TEST_GATE"]
+    with open(os.path.join(_gate, "ready.fifo"), "w") as _ready:
+        _ready.write(f"{os.getpid()}\n")
+    os.close(os.open(os.path.join(_gate, "go.fifo"), os.O_RDONLY))
+
 if os.environ.get("JOBRUNS_TEST_CLOCK_SKEW"):
     # A worker process whose host clock is wrong by this many seconds (the skew tests).
     from datetime import timedelta as _timedelta

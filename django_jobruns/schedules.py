@@ -1,0 +1,384 @@
+"""Schedules: periodic runs and tasks, started by the drives themselves, each tick once (S1-S5).
+
+``JOBRUNS["SCHEDULES"]`` names each schedule: a job (``"job": "app.name"``,
+``instance``, ``payload``) or a task (``"task": "dotted.path"``, ``args``,
+``kwargs``), a five-field ``cron`` expression and a ``timezone`` (the project's
+``TIME_ZONE`` by default). There is no beat and no leader: every
+``run_due_jobs`` reads the schedules' state (:class:`~django_jobruns.models.JobSchedule`,
+one cheap read a round) and starts the ticks that are due, each in a
+transaction that first advances the schedule's ``next_tick`` by a
+compare-and-set -- so however many drives see a tick at once, one starts it.
+
+Cron expressions are read by cronsim, which follows Debian cron's rules,
+daylight-saving changes included: a time of day that a spring-forward change
+skips runs once right after it; in the hour an autumn change repeats, a time
+of day runs once, while a schedule of every so many minutes keeps its real
+interval. Ticks missed while nothing drove start once, for the latest of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import zoneinfo
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from cronsim import CronSim, CronSimError
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils.module_loading import import_string
+
+from . import db, telemetry
+from .models import JobRun, JobSchedule
+from .registry import lookup
+from .report import DriveReport
+
+logger = logging.getLogger("django_jobruns")
+
+#: The keys a schedule may have, by kind.
+_JOB_KEYS = {"job", "cron", "timezone", "instance", "payload"}
+_TASK_KEYS = {"task", "cron", "timezone", "args", "kwargs"}
+#: At most this many due schedules are started in one round (the rest in the next).
+ROUND_MAX = 1000
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One schedule as settings declare it, checked."""
+
+    name: str
+    cron: str
+    zone: zoneinfo.ZoneInfo
+    job: str | None = None
+    instance: str | None = None
+    payload: Any = None
+    task: str | None = None
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def target(self) -> str:
+        return f"job {self.job}" if self.job is not None else f"task {self.task}"
+
+    def next_after(self, moment: datetime) -> datetime:
+        """The first tick strictly after ``moment``, in UTC."""
+        return next(CronSim(self.cron, moment.astimezone(self.zone))).astimezone(UTC)
+
+    def latest_until(self, moment: datetime) -> datetime | None:
+        """The last tick at or before ``moment`` (``None`` if there is none in the past year), in UTC."""
+        # cronsim's reverse walk starts strictly before its start: a second later, a tick at ``moment`` counts.
+        start = moment.astimezone(self.zone).replace(microsecond=0) + timedelta(seconds=1)
+        for tick in CronSim(self.cron, start, reverse=True):
+            return tick.astimezone(UTC)
+        return None
+
+    def explain(self) -> str:
+        """The expression in words (``At 03:00 every day``)."""
+        return str(CronSim(self.cron, datetime.now(self.zone)).explain())
+
+
+def parse(name: Any, spec: Any) -> Schedule:
+    """``spec`` (a dict of ``JOBRUNS["SCHEDULES"]``) as a :class:`Schedule`; ``ValueError`` naming what is wrong."""
+    where = f"JOBRUNS['SCHEDULES'][{name!r:.100}]"
+    if not isinstance(name, str) or not name or len(name) > 200:
+        raise ValueError(f"{where}: a schedule's name must be text of 1 to 200 characters")
+    if not isinstance(spec, dict):
+        raise ValueError(f"{where} must be a dict, got {type(spec).__name__}")
+    if ("job" in spec) == ("task" in spec):
+        raise ValueError(f"{where} must name either a 'job' (app_label.name) or a 'task' (a dotted path), not both")
+    allowed = _JOB_KEYS if "job" in spec else _TASK_KEYS
+    unknown = sorted(set(spec) - allowed)
+    if unknown:
+        raise ValueError(
+            f"{where} has unknown key(s) {', '.join(map(repr, unknown))}; known: {', '.join(sorted(allowed))}"
+        )
+    cron = spec.get("cron")
+    if not isinstance(cron, str):
+        raise ValueError(f"{where}['cron'] must be a five-field cron expression, got {cron!r:.100}")
+    if len(cron.split()) != 5:
+        raise ValueError(f"{where}['cron'] must have five fields (minute hour day month weekday), got {cron!r:.100}")
+    zone_name = spec.get("timezone") or settings.TIME_ZONE or "UTC"
+    try:
+        zone = zoneinfo.ZoneInfo(zone_name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, TypeError):
+        raise ValueError(
+            f"{where}['timezone']: no time zone {zone_name!r:.100} (an IANA name: 'Europe/Paris')"
+        ) from None
+    try:
+        CronSim(cron, datetime.now(zone))
+    except CronSimError as exc:
+        raise ValueError(f"{where}['cron'] does not parse ({exc}): {cron!r:.100}") from None
+    if "job" in spec:
+        job, instance = spec["job"], spec.get("instance")
+        if not isinstance(job, str) or "." not in job:
+            raise ValueError(f"{where}['job'] must be a job's label, 'app_label.name', got {job!r:.100}")
+        if instance is not None and not isinstance(instance, str):
+            raise ValueError(f"{where}['instance'] must be text, got {instance!r:.100}")
+        return Schedule(name, cron, zone, job=job, instance=instance, payload=spec.get("payload"))
+    task, args, kwargs = spec["task"], spec.get("args", ()), spec.get("kwargs", {})
+    if not isinstance(task, str) or "." not in task:
+        raise ValueError(f"{where}['task'] must be a task's dotted path, got {task!r:.100}")
+    if not isinstance(args, (list, tuple)):
+        raise ValueError(f"{where}['args'] must be a list, got {type(args).__name__}")
+    if not isinstance(kwargs, dict) or not all(isinstance(key, str) for key in kwargs):
+        raise ValueError(f"{where}['kwargs'] must be a dict with text keys, got {kwargs!r:.100}")
+    return Schedule(name, cron, zone, task=task, args=tuple(args), kwargs=dict(kwargs))
+
+
+def declared() -> tuple[dict[str, Schedule], list[str]]:
+    """The schedules of ``JOBRUNS["SCHEDULES"]`` that parse, and what is wrong with the others."""
+    configured = (getattr(settings, "JOBRUNS", None) or {}).get("SCHEDULES") or {}
+    if not isinstance(configured, dict):
+        return {}, [f"JOBRUNS['SCHEDULES'] must be a dict of name -> schedule, got {type(configured).__name__}"]
+    found: dict[str, Schedule] = {}
+    problems = []
+    for name, spec in configured.items():
+        try:
+            found[name] = parse(name, spec)
+        except ValueError as exc:
+            problems.append(str(exc))
+    return found, problems
+
+
+# -- the rows ------------------------------------------------------------------------
+
+_synced: dict[str, Any] = {}
+
+
+def sync(now: datetime) -> dict[str, Schedule]:
+    """Bring the schedules' rows in line with settings (once per process and settings); return the schedules.
+
+    A new schedule gets a row with its first tick after ``now``; one whose
+    expression, timezone or target changed, or that comes back, gets its next
+    tick again from ``now``; a row whose schedule left settings is marked
+    removed (S5): it stops, its runs stay.
+    """
+    schedules, _ = declared()
+    alias = db.alias()
+    key = (alias, tuple((s.name, s.target, s.cron, s.zone.key) for s in schedules.values()))
+    if _synced.get(alias) == key:
+        return schedules
+    rows = {row.name: row for row in JobSchedule.objects.using(alias)}
+    for schedule in schedules.values():
+        row = rows.get(schedule.name)
+        fields = {"target": schedule.target, "cron": schedule.cron, "timezone": schedule.zone.key}
+        if row is None:
+            try:
+                with transaction.atomic(using=alias):
+                    JobSchedule.objects.using(alias).create(
+                        name=schedule.name, next_tick=schedule.next_after(now), updated_at=now, **fields
+                    )
+            except IntegrityError:
+                pass  # another process made it meanwhile
+        elif (
+            any(getattr(row, k) != v for k, v in fields.items()) or row.removed_at is not None or row.next_tick is None
+        ):
+            JobSchedule.objects.using(alias).filter(name=schedule.name).update(
+                next_tick=schedule.next_after(now), removed_at=None, updated_at=now, **fields
+            )
+    gone = [name for name, row in rows.items() if name not in schedules and row.removed_at is None]
+    if gone:
+        JobSchedule.objects.using(alias).filter(name__in=gone, removed_at__isnull=True).update(
+            removed_at=now, updated_at=now
+        )
+        logger.warning("schedule(s) %s are no longer in JOBRUNS['SCHEDULES']: stopped (their runs are kept)", gone)
+    _synced[alias] = key
+    return schedules
+
+
+def forget_sync() -> None:
+    """Sync again at the next look (after a change of the rows from outside: tests, an operator's tool)."""
+    _synced.clear()
+
+
+@dataclass
+class Ticks:
+    """What one look at the schedules did: ticks started, joined to a live run, and the next tick to wake for."""
+
+    started: int = 0
+    joined: int = 0
+    next_tick: datetime | None = None
+
+
+#: What was said once per process: a schedule whose job or task this process cannot start.
+_said: set[tuple[str, str]] = set()
+
+
+def fire_due(now: datetime) -> Ticks:
+    """Start each schedule's due tick, once across every drive; say when the next one is.
+
+    One read a round (none without schedules): the active schedules in order
+    of their next tick, as many as are due and the first one that is not.
+    """
+    ticks = Ticks()
+    if not _has_schedules():
+        return ticks  # no statement at all
+    schedules = sync(now)
+    rows = list(
+        JobSchedule.objects.using(db.alias())
+        .filter(paused_at__isnull=True, removed_at__isnull=True, next_tick__isnull=False)
+        .order_by("next_tick")
+        .values_list("name", "next_tick")[: ROUND_MAX + 1]
+    )
+    for name, tick in rows:
+        assert tick is not None  # noqa: S101 -- the read excludes rows without a next tick
+        if tick > now:
+            ticks.next_tick = tick
+            break
+        schedule = schedules.get(name)
+        if schedule is not None:
+            fire(schedule, tick, now, ticks)
+    return ticks
+
+
+def look_at_schedules(report: DriveReport, now: datetime) -> None:
+    """A drive's look at the schedules (S2): the due ticks started, counted in ``report`` with the next tick."""
+    ticks = fire_due(now)
+    with report._lock:
+        report.ticks += ticks.started
+        report.ticks_joined += ticks.joined
+        report.next_tick = ticks.next_tick
+
+
+def until_next_tick(report: DriveReport, now: datetime, deadline: float) -> float:
+    """The end of a drive's wait for work: its budget's end, or the schedules' next tick if that comes first (S4)."""
+    if report.next_tick is None:
+        return deadline
+    seconds = float((report.next_tick - now).total_seconds())
+    return min(deadline, time.monotonic() + max(seconds, 0.0))
+
+
+def _has_schedules() -> bool:
+    """Whether settings declare any schedule (a drive without pays nothing for schedules)."""
+    return bool((getattr(settings, "JOBRUNS", None) or {}).get("SCHEDULES"))
+
+
+def fire(schedule: Schedule, tick: datetime, now: datetime, ticks: Ticks) -> None:
+    """Start ``schedule``'s tick ``tick`` if no other drive has: the compare-and-set and the start, one transaction.
+
+    Ticks missed meanwhile start once, for the latest; the next tick is the
+    first after ``now``. A job not registered in this process, or a task it
+    cannot import, is left for a process that can (named once).
+    """
+    if not _startable(schedule):
+        return
+    latest = schedule.latest_until(now) or tick
+    alias = db.alias()
+    try:
+        with transaction.atomic(using=alias):
+            advanced = (
+                JobSchedule.objects.using(alias)
+                .filter(name=schedule.name, next_tick=tick, paused_at__isnull=True, removed_at__isnull=True)
+                .update(next_tick=schedule.next_after(now), last_tick=latest, updated_at=now)
+            )
+            if advanced != 1:
+                return  # another drive started this tick
+            with telemetry.ticking(schedule.name, schedule.target, latest):
+                run_id, created = start(schedule)
+            counter = "ticks" if created else "joined"
+            JobSchedule.objects.using(alias).filter(name=schedule.name).update(
+                last_run_id=run_id, **{counter: F(counter) + 1}
+            )
+    except Exception as exc:
+        # Checks name a schedule that cannot start (jobruns.E020-E022); one that fails anyway is named
+        # once per process, and tried again at the next look.
+        if (schedule.name, "failed") not in _said:
+            _said.add((schedule.name, "failed"))
+            logger.error("schedule %r could not start its tick at %s: %s", schedule.name, latest.isoformat(), exc)
+        return
+    if created:
+        ticks.started += 1
+    else:
+        ticks.joined += 1
+        logger.info("schedule %r: its run %s is still live; the tick joined it", schedule.name, run_id)
+
+
+def _startable(schedule: Schedule) -> bool:
+    if schedule.job is not None:
+        module, _, name = schedule.job.rpartition(".")
+        ready = lookup(module, name) is not None
+    else:
+        try:
+            import_string(str(schedule.task))
+            ready = True
+        except ImportError:
+            ready = False
+    if not ready and (schedule.name, "missing") not in _said:
+        _said.add((schedule.name, "missing"))
+        logger.warning(
+            "schedule %r: %s cannot be started in this process (not registered or not importable here); its "
+            "ticks are left to a process that can",
+            schedule.name,
+            schedule.target,
+        )
+    return ready
+
+
+def start(schedule: Schedule) -> tuple[str, bool]:
+    """Start the schedule's run now (a job run, joined if live) or enqueue its task: (the run's id, whether new)."""
+    if schedule.job is not None:
+        from .starts import start_job_run
+
+        if schedule.instance is None:
+            run, created = start_job_run(schedule.job, payload=schedule.payload)
+        else:
+            run, created = start_job_run(schedule.job, instance=schedule.instance, payload=schedule.payload)
+        return run.pk, created
+    task = import_string(str(schedule.task))
+    result = task.enqueue(*schedule.args, **schedule.kwargs)
+    return str(result.id), True
+
+
+# -- the operator's verbs --------------------------------------------------------------
+
+
+def run_now(name: str) -> tuple[str, bool]:
+    """Start a schedule's run (or task) now, outside its ticks: (the run's id, whether it is new).
+
+    ``KeyError`` naming the schedules there are, for a name settings do not declare.
+    """
+    schedules, _ = declared()
+    schedule = schedules.get(name)
+    if schedule is None:
+        raise KeyError(
+            f"no schedule {name!r} in JOBRUNS['SCHEDULES'] (there are: {', '.join(sorted(schedules)) or 'none'})"
+        )
+    now = db.now()
+    sync(now)
+    run_id, created = start(schedule)
+    counter = "ticks" if created else "joined"
+    JobSchedule.objects.using(db.alias()).filter(name=name).update(
+        last_run_id=run_id, updated_at=now, **{counter: F(counter) + 1}
+    )
+    return run_id, created
+
+
+def pause(name: str) -> bool:
+    """Pause a schedule: no tick starts until it is unpaused. Whether it was active."""
+    now = db.now()
+    return bool(
+        JobSchedule.objects.using(db.alias())
+        .filter(name=name, paused_at__isnull=True)
+        .update(paused_at=now, updated_at=now)
+    )
+
+
+def unpause(name: str) -> bool:
+    """Unpause a schedule: its next tick is the first after now (the ticks it missed paused do not start)."""
+    schedules, _ = declared()
+    schedule = schedules.get(name)
+    now = db.now()
+    fields: dict[str, Any] = {"paused_at": None, "updated_at": now}
+    if schedule is not None:
+        fields["next_tick"] = schedule.next_after(now)
+    return bool(JobSchedule.objects.using(db.alias()).filter(name=name, paused_at__isnull=False).update(**fields))
+
+
+def last_run(row: JobSchedule) -> JobRun | None:
+    """The run a schedule's last tick started or joined, if it is still kept."""
+    if row.last_run_id is None:
+        return None
+    return JobRun.objects.using(db.alias()).filter(pk=row.last_run_id).first()

@@ -1,0 +1,342 @@
+"""Schedules (S1-S5): each tick starts once however many drives look, missed ticks once, cron's daylight saving."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connections
+from django.test import override_settings
+
+from django_jobruns import run_due_jobs, schedules
+from django_jobruns.checks import check_schedules
+from django_jobruns.models import JobRun, JobSchedule, Status
+from tests.conftest import call, manage
+
+PARIS = ZoneInfo("Europe/Paris")
+
+
+def every(cron: str, **extra: object) -> dict[str, object]:
+    return {"nightly": {"job": "tests.walk", "cron": cron, "timezone": "UTC", "instance": "nightly", **extra}}
+
+
+class Clock:
+    def __init__(self, at: datetime) -> None:
+        self.now = at
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+@pytest.fixture(autouse=True)
+def _fresh_sync():
+    schedules.forget_sync()
+    yield
+    schedules.forget_sync()
+
+
+def runs_of(instance: str) -> list[JobRun]:
+    return list(JobRun.objects.filter(job="walk", instance=instance).order_by("id"))
+
+
+@pytest.mark.django_db
+def test_a_tick_starts_its_run_once_and_missed_ticks_start_once(effects):
+    clock = Clock(datetime(2026, 6, 1, 2, 59, tzinfo=UTC))
+    with override_settings(JOBRUNS={"SCHEDULES": every("0 * * * *", payload={"log": str(effects), "passes": 1})}):
+        assert run_due_jobs(now=clock).ticks == 0 and runs_of("nightly") == []
+        row = JobSchedule.objects.get(name="nightly")
+        assert row.next_tick == datetime(2026, 6, 1, 3, 0, tzinfo=UTC) and row.target == "job tests.walk"
+
+        clock.now = datetime(2026, 6, 1, 3, 0, 30, tzinfo=UTC)
+        report = run_due_jobs(now=clock)
+        assert report.ticks == 1 and report.completed == 1, report  # started and driven in the same round
+        assert run_due_jobs(now=clock).ticks == 0, "the same tick never starts twice"
+
+        clock.now = datetime(2026, 6, 1, 6, 10, tzinfo=UTC)  # nothing drove at 4, 5 and 6 o'clock
+        assert run_due_jobs(now=clock).ticks == 1
+        assert run_due_jobs(now=clock).ticks == 0
+    row = JobSchedule.objects.get(name="nightly")
+    assert row.last_tick == datetime(2026, 6, 1, 6, 0, tzinfo=UTC), "the latest of the missed ticks"
+    assert row.next_tick == datetime(2026, 6, 1, 7, 0, tzinfo=UTC) and row.ticks == 2
+    assert [run.status for run in runs_of("nightly")] == [Status.DONE, Status.DONE]
+    assert row.last_run_id == runs_of("nightly")[-1].id
+
+
+@pytest.mark.django_db
+def test_a_tick_whose_previous_run_is_live_joins_it_and_is_counted(behaviour):
+    clock = Clock(datetime(2026, 6, 1, 2, 59, tzinfo=UTC))
+    slow = {"slow": {"job": "tests.scripted", "cron": "*/10 * * * *", "timezone": "UTC", "instance": "slow"}}
+    behaviour["slow"] = lambda p: {"cursor": (p.cursor or 0) + 1}  # never done
+    with override_settings(JOBRUNS={"SCHEDULES": slow}):
+        run_due_jobs(now=clock)
+        clock.now += timedelta(minutes=1, seconds=1)
+        first = run_due_jobs(now=clock)
+        clock.now += timedelta(minutes=10)
+        second = run_due_jobs(now=clock)
+    assert (first.ticks, first.ticks_joined, second.ticks, second.ticks_joined) == (1, 0, 0, 1)
+    row = JobSchedule.objects.get(name="slow")
+    assert (row.ticks, row.joined) == (1, 1)
+    (run,) = JobRun.objects.filter(job="scripted", instance="slow")
+    assert row.last_run_id == run.id and run.status == Status.RUNNING
+
+
+def task_every_minute() -> dict[str, object]:
+    """A task's schedule: tasks are not coalesced, so only the compare-and-set keeps a tick to one start."""
+    return {
+        "nightly": {"task": "tests.support.task_functions.add", "cron": "* * * * *", "timezone": "UTC", "args": [1, 2]}
+    }
+
+
+@pytest.mark.parametrize("kind", ["job", "task"])
+@pytest.mark.django_db(transaction=True)
+def test_each_tick_starts_once_however_many_drives_look_at_once(effects, kind):
+    """Eight threads, each its own connection, look at the same due tick at the same moment: one start."""
+    clock = Clock(datetime(2026, 6, 1, 2, 59, tzinfo=UTC))
+    spec = every("* * * * *", payload={"log": str(effects), "passes": 1}) if kind == "job" else task_every_minute()
+    with override_settings(JOBRUNS={"SCHEDULES": spec}):
+        schedules.sync(clock())
+        clock.now = datetime(2026, 6, 1, 3, 0, 5, tzinfo=UTC)
+        barrier = threading.Barrier(8)
+        started: list[int] = []
+        failures: list[BaseException] = []
+
+        def look() -> None:
+            try:
+                barrier.wait()
+                ticks = schedules.fire_due(clock())
+                started.append(ticks.started)
+            except BaseException as exc:  # reported below
+                failures.append(exc)
+            finally:
+                connections.close_all()
+
+        threads = [threading.Thread(target=look) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert failures == [] and sum(started) == 1, (failures, started)
+    row = JobSchedule.objects.get(name="nightly")
+    assert (row.ticks, row.joined) == (1, 0), "one start, and no other drive even tried it"
+    assert JobRun.objects.count() == 1
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_each_tick_starts_once_however_many_worker_processes_drive_at_once(tmp_path):
+    """Six ``run_due_jobs`` processes started together on a due tick: one task enqueued, run once."""
+    spec = task_every_minute()
+    with override_settings(JOBRUNS={"SCHEDULES": spec}):
+        schedules.sync(datetime.now(UTC))
+    # Due now, whatever the minute: the tick a minute ago.
+    JobSchedule.objects.filter(name="nightly").update(next_tick=datetime.now(UTC) - timedelta(minutes=1))
+    os.mkfifo(tmp_path / "ready.fifo")
+    os.mkfifo(tmp_path / "go.fifo")
+    env = {"JOBRUNS_TEST_SCHEDULES": json.dumps(spec), "JOBRUNS_TEST_GATE": str(tmp_path)}
+    workers = [manage("run_due_jobs", "--json", extra_env=env) for _ in range(6)]
+    ready: set[int] = set()
+    while len(ready) < len(workers):  # each worker is at the gate
+        with open(tmp_path / "ready.fifo") as announced:
+            ready.update(int(line) for line in announced)
+    gate = os.open(tmp_path / "go.fifo", os.O_WRONLY)  # all of them go at once
+    reports = []
+    try:
+        for worker in workers:
+            out, err = worker.communicate(timeout=120)
+            assert worker.returncode == 0, err
+            reports.append(json.loads(out))
+    finally:
+        os.close(gate)
+    assert sum(report["ticks"] for report in reports) == 1, reports
+    (run,) = JobRun.objects.all()
+    assert run.status == Status.DONE and json.loads(run.cursor) == 3
+    row = JobSchedule.objects.get(name="nightly")
+    assert (row.ticks, row.joined) == (1, 0)
+
+
+def ticks_between(cron: str, zone: str, start: datetime, end: datetime) -> list[str]:
+    schedule = schedules.parse("s", {"job": "tests.walk", "cron": cron, "timezone": zone})
+    found, at = [], start
+    while (at := schedule.next_after(at)) < end:
+        found.append(at.astimezone(ZoneInfo(zone)).strftime("%H:%M%z"))
+    return found
+
+
+def test_a_time_of_day_the_spring_change_skips_runs_once_right_after_it_as_cron_does():
+    # Europe/Paris, 2026-03-29: 02:00 CET becomes 03:00 CEST; 02:30 does not exist that night.
+    day = ticks_between(
+        "30 2 * * *", "Europe/Paris", datetime(2026, 3, 27, 12, tzinfo=UTC), datetime(2026, 3, 31, tzinfo=UTC)
+    )
+    assert day == ["02:30+0100", "03:00+0200", "02:30+0200"]
+    half_hours = ticks_between(
+        "*/30 * * * *", "Europe/Paris", datetime(2026, 3, 29, 0, 0, tzinfo=UTC), datetime(2026, 3, 29, 2, 0, tzinfo=UTC)
+    )
+    assert half_hours == ["01:30+0100", "03:00+0200", "03:30+0200"], "the skipped hour's ticks start once, after it"
+
+
+def test_a_time_of_day_in_the_repeated_autumn_hour_runs_once_and_intervals_keep_their_real_length():
+    # Europe/Paris, 2026-10-25: 03:00 CEST becomes 02:00 CET; 02:00-02:59 happens twice.
+    day = ticks_between(
+        "30 2 * * *", "Europe/Paris", datetime(2026, 10, 24, 12, tzinfo=UTC), datetime(2026, 10, 27, tzinfo=UTC)
+    )
+    assert day == ["02:30+0200", "02:30+0100"], "once on the night of the change (its first 02:30), once the next"
+    half_hours = ticks_between(
+        "*/30 * * * *",
+        "Europe/Paris",
+        datetime(2026, 10, 24, 23, 15, tzinfo=UTC),
+        datetime(2026, 10, 25, 2, 15, tzinfo=UTC),
+    )
+    assert half_hours == ["01:30+0200", "02:00+0200", "02:30+0200", "02:00+0100", "02:30+0100", "03:00+0100"]
+
+
+@pytest.mark.django_db
+def test_drives_across_both_changes_of_a_real_zone_start_each_tick_once(effects):
+    """A daily 02:30 in Paris, driven every ten minutes through both nights of change: one run a day."""
+    spec = {
+        "paris": {
+            "job": "tests.walk",
+            "cron": "30 2 * * *",
+            "timezone": "Europe/Paris",
+            "instance": "paris",
+            "payload": {"log": str(effects), "passes": 1},
+        }
+    }
+    for night in (datetime(2026, 3, 28, 20, tzinfo=UTC), datetime(2026, 10, 24, 20, tzinfo=UTC)):
+        JobRun.objects.filter(instance="paris").delete()
+        JobSchedule.objects.all().delete()
+        schedules.forget_sync()
+        clock = Clock(night)
+        with override_settings(JOBRUNS={"SCHEDULES": spec}):
+            while clock.now < night + timedelta(hours=12):
+                run_due_jobs(now=clock)
+                clock.now += timedelta(minutes=10)
+        assert len(runs_of("paris")) == 1, night
+
+
+@pytest.mark.django_db
+def test_a_schedule_removed_from_settings_stops_and_says_so_and_its_runs_are_kept(effects):
+    clock = Clock(datetime(2026, 6, 1, 2, 59, tzinfo=UTC))
+    spec = every("* * * * *", payload={"log": str(effects), "passes": 1})
+    other = {"other": {"job": "tests.walk", "cron": "0 0 1 1 *", "timezone": "UTC", "instance": "other"}}
+    with override_settings(JOBRUNS={"SCHEDULES": spec}):
+        run_due_jobs(now=clock)
+        clock.now += timedelta(minutes=2)
+        assert run_due_jobs(now=clock).ticks == 1
+    with override_settings(JOBRUNS={"SCHEDULES": other}):
+        clock.now += timedelta(minutes=5)
+        assert run_due_jobs(now=clock).ticks == 0
+    row = JobSchedule.objects.get(name="nightly")
+    assert row.removed_at is not None and len(runs_of("nightly")) == 1
+
+
+@pytest.mark.django_db
+def test_pause_run_now_and_unpause(effects):
+    clock = Clock(datetime(2026, 6, 1, 2, 59, tzinfo=UTC))
+    spec = every("* * * * *", payload={"log": str(effects), "passes": 1})
+    with override_settings(JOBRUNS={"SCHEDULES": spec}):
+        run_due_jobs(now=clock)
+        assert schedules.pause("nightly") and not schedules.pause("nightly")
+        clock.now += timedelta(minutes=30)
+        assert run_due_jobs(now=clock).ticks == 0, "paused: no tick"
+        run_id, created = schedules.run_now("nightly")
+        assert created and JobRun.objects.get(pk=run_id).instance == "nightly"
+        with pytest.raises(KeyError, match="no schedule 'nope'.*there are: nightly"):
+            schedules.run_now("nope")
+        assert schedules.unpause("nightly")
+        row = JobSchedule.objects.get(name="nightly")
+        assert row.paused_at is None and row.next_tick > datetime.now(UTC) - timedelta(minutes=1)
+
+
+@pytest.mark.django_db
+def test_a_schedule_whose_job_is_not_registered_here_is_left_named_never_a_crash(caplog):
+    clock = Clock(datetime(2026, 6, 1, 2, 59, tzinfo=UTC))
+    spec = {"gone": {"job": "tests.renamed_away", "cron": "* * * * *", "timezone": "UTC"}}
+    with override_settings(JOBRUNS={"SCHEDULES": spec}), caplog.at_level("WARNING", logger="django_jobruns"):
+        run_due_jobs(now=clock)
+        clock.now += timedelta(minutes=2)
+        report = run_due_jobs(now=clock)
+    assert report.ticks == 0 and report.errors == []
+    assert "tests.renamed_away" in caplog.text and "cannot be started in this process" in caplog.text
+    assert JobSchedule.objects.get(name="gone").ticks == 0, "left for a process that has the job"
+
+
+@pytest.mark.django_db
+def test_a_task_schedule_enqueues_its_task_on_its_backend():
+    clock = Clock(datetime(2026, 6, 1, 2, 59, tzinfo=UTC))
+    spec = {
+        "sums": {"task": "tests.support.task_functions.add", "cron": "0 3 * * *", "timezone": "UTC", "args": [2, 3]}
+    }
+    with override_settings(JOBRUNS={"SCHEDULES": spec}):
+        run_due_jobs(now=clock)
+        clock.now += timedelta(minutes=2)
+        report = run_due_jobs(now=clock)
+    assert report.ticks == 1 and report.completed == 1, report
+    row = JobSchedule.objects.get(name="sums")
+    assert json.loads(JobRun.objects.get(pk=row.last_run_id).cursor) == 5
+
+
+def test_the_checks_name_each_schedule_that_cannot_work(settings):
+    settings.JOBRUNS = {
+        "SCHEDULES": {
+            "bad-cron": {"job": "tests.walk", "cron": "61 * * * *"},
+            "four-fields": {"job": "tests.walk", "cron": "* * * *"},
+            "bad-zone": {"job": "tests.walk", "cron": "* * * * *", "timezone": "Mars/Olympus"},
+            "no-job": {"job": "tests.nonesuch", "cron": "* * * * *"},
+            "no-task": {"task": "tests.support.task_functions.nonesuch", "cron": "* * * * *"},
+            "both": {"job": "tests.walk", "task": "x.y", "cron": "* * * * *"},
+            "unsafe": {"job": "tests.walk", "cron": "* * * * *", "payload": {"when": datetime(2026, 1, 1)}},
+            "typo": {"job": "tests.walk", "cron": "* * * * *", "playload": {}},
+            "fine": {"job": "tests.walk", "cron": "*/5 * * * *", "timezone": "Europe/Paris"},
+        }
+    }
+    found = {(m.id, re.search(r"SCHEDULES'\]\['([^']+)'", m.msg).group(1)) for m in check_schedules()}
+    assert found == {
+        ("jobruns.E020", "bad-cron"),
+        ("jobruns.E020", "four-fields"),
+        ("jobruns.E020", "bad-zone"),
+        ("jobruns.E021", "no-job"),
+        ("jobruns.E021", "no-task"),
+        ("jobruns.E020", "both"),
+        ("jobruns.E022", "unsafe"),
+        ("jobruns.E020", "typo"),
+    }, found
+
+
+@pytest.mark.django_db
+def test_job_schedules_lists_runs_one_now_and_refuses_an_unknown_name(effects):
+    spec = every("0 3 * * *", payload={"log": str(effects), "passes": 1})
+    with override_settings(JOBRUNS={"SCHEDULES": spec}):
+        listed = json.loads(call("job_schedules", "--json"))
+        assert [s["name"] for s in listed] == ["nightly"]
+        assert listed[0]["cron"] == "0 3 * * *" and listed[0]["in_words"] == "At 03:00 every day"
+        assert listed[0]["target"] == "job tests.walk" and listed[0]["state"] == "active"
+        text = call("job_schedules")
+        assert "nightly" in text and "At 03:00 every day" in text
+        assert call("job_schedules", "--run", "nightly").startswith("started run ")
+        with pytest.raises(CommandError, match="no schedule 'nope'"):
+            call_command("job_schedules", "--run", "nope")
+    assert len(runs_of("nightly")) == 1
+
+
+@pytest.mark.django_db
+def test_a_drive_without_schedules_pays_no_statement_for_them_and_with_none_due_one_read():
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    clock = Clock(datetime(2026, 6, 1, 2, 59, tzinfo=UTC))
+    with CaptureQueriesContext(connection) as plain:
+        run_due_jobs(now=clock)
+    assert not [q for q in plain.captured_queries if "jobschedule" in q["sql"].lower()]
+    with override_settings(JOBRUNS={"SCHEDULES": every("0 3 * * *")}):
+        run_due_jobs(now=clock)  # the first look syncs the rows
+        with CaptureQueriesContext(connection) as scheduled:
+            run_due_jobs(now=clock)
+    reads = [q for q in scheduled.captured_queries if "jobschedule" in q["sql"].lower()]
+    assert len(reads) == 1 and reads[0]["sql"].lstrip().upper().startswith("SELECT"), reads
