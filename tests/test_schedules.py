@@ -340,3 +340,91 @@ def test_a_drive_without_schedules_pays_no_statement_for_them_and_with_none_due_
             run_due_jobs(now=clock)
     reads = [q for q in scheduled.captured_queries if "jobschedule" in q["sql"].lower()]
     assert len(reads) == 1 and reads[0]["sql"].lstrip().upper().startswith("SELECT"), reads
+
+
+@pytest.mark.django_db
+def test_the_admin_lists_schedules_in_words_with_their_ticks_and_last_run(admin_client, effects):
+    from django.urls import reverse
+
+    clock = Clock(datetime(2026, 6, 1, 2, 59, tzinfo=UTC))
+    spec = every("0 3 * * *", payload={"log": str(effects), "passes": 1})
+    with override_settings(JOBRUNS={"SCHEDULES": spec}):
+        run_due_jobs(now=clock)
+        clock.now += timedelta(minutes=2)
+        run_due_jobs(now=clock)
+        page = admin_client.get(reverse("admin:django_jobruns_jobschedule_changelist")).content.decode()
+    row = JobSchedule.objects.get(name="nightly")
+    assert "At 03:00 every day" in page and "0 3 * * *" in page and "(UTC)" in page
+    assert "2026-06-01 03:00:00" in page, "the last tick, to the second"
+    assert row.last_run_id in page and "jobruns-status-done" in page
+
+
+@pytest.mark.django_db
+def test_the_admins_run_now_pause_and_unpause_are_post_only_and_permission_checked(admin_client, effects):
+    from django.contrib.auth.models import Permission, User
+    from django.test import Client
+    from django.urls import reverse
+
+    spec = every("0 3 * * *", payload={"log": str(effects), "passes": 1})
+    with override_settings(JOBRUNS={"SCHEDULES": spec}):
+        schedules.sync(datetime.now(UTC))
+        steer = reverse("admin:django_jobruns_jobschedule_steer", args=["nightly"])
+        page = admin_client.get(reverse("admin:django_jobruns_jobschedule_change", args=["nightly"])).content.decode()
+        assert 'id="jobruns-schedule-run_now"' in page and 'id="jobruns-schedule-pause"' in page
+        assert admin_client.get(steer).status_code == 405, "POST only"
+
+        viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
+        viewer.user_permissions.set(Permission.objects.filter(codename="view_jobschedule"))
+        client = Client()
+        client.force_login(viewer)
+        assert client.post(steer, {"verb": "pause"}).status_code == 403
+        assert JobSchedule.objects.get(name="nightly").paused_at is None
+
+        admin_client.post(steer, {"verb": "pause"})
+        assert JobSchedule.objects.get(name="nightly").paused_at is not None
+        admin_client.post(steer, {"verb": "unpause"})
+        assert JobSchedule.objects.get(name="nightly").paused_at is None
+        response = admin_client.post(steer, {"verb": "run_now"}, follow=True)
+        assert "Started run" in response.content.decode()
+    assert len(runs_of("nightly")) == 1
+
+
+@pytest.mark.django_db
+def test_the_overview_shows_the_next_tick(admin_client):
+    from django.urls import reverse
+
+    with override_settings(JOBRUNS={"SCHEDULES": every("0 3 * * *")}):
+        schedules.sync(datetime(2026, 6, 1, 2, 0, tzinfo=UTC))
+        page = admin_client.get(reverse("admin:django_jobruns_jobrun_changelist")).content.decode()
+    assert "The next scheduled tick:" in page and ">nightly</a>" in page, page[:2000]
+    plain = admin_client.get(reverse("admin:django_jobruns_jobrun_changelist")).content.decode()
+    assert "The next scheduled tick:" not in plain, "no schedules declared: nothing said, nothing read"
+
+
+@pytest.mark.django_db
+def test_a_tick_started_has_a_span_of_its_own(effects):
+    pytest.importorskip("opentelemetry.sdk.trace")
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from tests.test_telemetry import _reset_globals
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    _reset_globals()
+    trace.set_tracer_provider(provider)
+    try:
+        clock = Clock(datetime(2026, 6, 1, 2, 59, tzinfo=UTC))
+        with override_settings(JOBRUNS={"SCHEDULES": every("0 3 * * *", payload={"log": str(effects), "passes": 1})}):
+            run_due_jobs(now=clock)
+            clock.now += timedelta(minutes=2)
+            run_due_jobs(now=clock)
+    finally:
+        provider.shutdown()
+        _reset_globals()
+    (tick,) = [span for span in exporter.get_finished_spans() if span.name == "tick nightly"]
+    assert tick.attributes["jobruns.schedule.tick"] == "2026-06-01T03:00:00+00:00"
+    assert any(span.parent and span.parent.span_id == tick.context.span_id for span in exporter.get_finished_spans())

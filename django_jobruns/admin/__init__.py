@@ -23,6 +23,7 @@ from rangefilter.filters import DateRangeFilterBuilder
 
 from .. import db
 from ..models import JobAttempt, JobRun, JobStep, Status
+from . import schedules as schedules  # registers the schedules' admin
 from . import search
 from .actions import STEERING, RunActions, _InlineBase, steering_verbs
 from .display import (

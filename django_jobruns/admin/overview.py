@@ -20,7 +20,7 @@ from django.db.models.functions import Substr, TruncHour
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from ..models import JobRun, Status
+from ..models import JobRun, JobSchedule, Status
 from ..store import estimates, store
 
 HOURS = 24
@@ -51,6 +51,8 @@ class Overview:
     tiles: list[Tile]
     next_due_wait: float | None  # seconds the head of the queue has waited to be taken (None: no run is due)
     hours: list[Hour]
+    #: The schedules' next tick: (schedule, when), or ``None`` (no schedule declared, or none active).
+    next_tick: tuple[str, datetime] | None = None
     #: The head was found among the EXACT_UP_TO + 1 due runs started first, not all (MariaDB/MySQL, more due).
 
     @property
@@ -151,7 +153,24 @@ def overview(rows: Any, now: datetime) -> Overview:
         tiles=tiles,
         next_due_wait=max((now - waiting_since).total_seconds(), 0.0) if waiting_since is not None else None,
         hours=finished_per_hour(rows, now),
+        next_tick=next_tick(rows.db),
     )
+
+
+def next_tick(using: str) -> tuple[str, datetime] | None:
+    """The schedules' next tick (one read of the schedules' index; none without schedules in settings)."""
+    from ..schedules import declared
+
+    if not declared()[0]:
+        return None
+    found = (
+        JobSchedule.objects.using(using)
+        .filter(paused_at__isnull=True, removed_at__isnull=True, next_tick__isnull=False)
+        .order_by("next_tick")
+        .values_list("name", "next_tick")
+        .first()
+    )
+    return (found[0], found[1]) if found is not None and found[1] is not None else None
 
 
 def _compiled(queryset: Any, using: str) -> tuple[str, list[Any]]:
