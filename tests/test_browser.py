@@ -324,3 +324,47 @@ def test_the_change_views_buttons_sit_on_one_line_in_light_and_dark(browser, liv
             )
             browser.save_screenshot(str(screenshots / f"change-view-{name}-{theme}.png"))
     browser.execute_script("localStorage.removeItem('theme')")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_operator_runs_pauses_and_unpauses_a_schedule(browser, live_server, screenshots, settings):
+    from datetime import UTC, datetime
+
+    from selenium.webdriver.common.by import By
+
+    from django_jobruns import schedules
+    from django_jobruns.models import JobSchedule
+
+    settings.JOBRUNS = {
+        "SCHEDULES": {
+            "nightly-catalog": {
+                "job": "demo.import_catalog",
+                "cron": "0 3 * * *",
+                "timezone": "Europe/Paris",
+                "instance": "all",
+                "payload": {"supplier": 1},
+            }
+        }
+    }
+    schedules.forget_sync()
+    schedules.sync(datetime.now(UTC))
+    User.objects.create_superuser("admin", password="jobruns-demo")
+    browser.get(f"{live_server.url}/admin/login/?next=/admin/django_jobruns/jobschedule/")
+    browser.find_element(By.NAME, "username").send_keys("admin")
+    browser.find_element(By.NAME, "password").send_keys("jobruns-demo")
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    row = browser.find_element(By.CSS_SELECTOR, "#result_list tbody tr")
+    assert "At 03:00 every day" in row.text and "Europe/Paris" in row.text
+    browser.save_screenshot(str(screenshots / "schedules.png"))
+    row.find_element(By.LINK_TEXT, "nightly-catalog").click()
+
+    browser.find_element(By.ID, "jobruns-schedule-pause").click()
+    success_says(browser, "Paused schedule nightly-catalog")
+    assert JobSchedule.objects.get(name="nightly-catalog").paused_at is not None
+    browser.find_element(By.ID, "jobruns-schedule-unpause").click()
+    success_says(browser, "Unpaused schedule nightly-catalog")
+    browser.find_element(By.ID, "jobruns-schedule-run_now").click()
+    success_says(browser, "Started run")
+    started = JobRun.objects.get(job="import_catalog", instance="all")
+    assert JobSchedule.objects.get(name="nightly-catalog").last_run_id == started.pk
+    schedules.forget_sync()

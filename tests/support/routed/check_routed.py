@@ -31,7 +31,12 @@ def app_tables(alias):
 
 def test_the_app_lives_on_its_own_database_and_every_path_uses_it(admin_client, tmp_path):
     assert app_tables("default") == [], "the default database holds no table of the app"
-    assert app_tables("jobruns") == ["django_jobruns_jobattempt", "django_jobruns_jobrun", "django_jobruns_jobstep"]
+    assert app_tables("jobruns") == [
+        "django_jobruns_jobattempt",
+        "django_jobruns_jobrun",
+        "django_jobruns_jobschedule",
+        "django_jobruns_jobstep",
+    ]
 
     log = tmp_path / "effects.log"
     run, created = start_job_run("tests.walk", instance="routed", payload={"log": str(log), "passes": 2})
