@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The upgrade's migrations at a million runs: how long they take, how long a drive's write waits meanwhile.
 
-    python bench/migration.py --db {sqlite,postgres,mysql} [--runs N] [--live L] [--start 0011] [--to 0017]
+    python bench/migration.py --db {sqlite,postgres,mysql} [--runs N] [--live L] [--start 0011] [--to 0019]
 
 N runs (a million at the default), L of them live (running, a tenth at the default) and the rest
 finished, are inserted at migration ``--start`` (0011: the last of 0.1.0). Then ``migrate django_jobruns --to``
@@ -37,7 +37,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=1_000_000)
     parser.add_argument("--live", type=int, default=100_000)
     parser.add_argument("--start", default="0011", help="the migration the table is filled at (0011: 0.1.0's last)")
-    parser.add_argument("--to", default="0017", help="the migration the upgrade ends at")
+    parser.add_argument("--to", default="0019", help="the migration the upgrade ends at")
     args = parser.parse_args()
     if args.runs < 1 or not 1 <= args.live <= args.runs:
         parser.error("--runs must be >= 1 and --live from 1 to --runs")

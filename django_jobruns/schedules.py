@@ -133,6 +133,9 @@ def declared() -> tuple[dict[str, Schedule], list[str]]:
     configured = (getattr(settings, "JOBRUNS", None) or {}).get("SCHEDULES") or {}
     if not isinstance(configured, dict):
         return {}, [f"JOBRUNS['SCHEDULES'] must be a dict of name -> schedule, got {type(configured).__name__}"]
+    cached = _parsed.get("declared")
+    if cached is not None and cached[0] is configured and cached[1] == len(configured):
+        return cached[2], cached[3]  # the same settings object as the last look: parsed already
     found: dict[str, Schedule] = {}
     problems = []
     for name, spec in configured.items():
@@ -140,7 +143,13 @@ def declared() -> tuple[dict[str, Schedule], list[str]]:
             found[name] = parse(name, spec)
         except ValueError as exc:
             problems.append(str(exc))
+    # Kept with the dict it was parsed from (the reference keeps its id from being reused): a drive
+    # looks every round, and a thousand expressions take milliseconds to parse.
+    _parsed["declared"] = (configured, len(configured), found, problems)
     return found, problems
+
+
+_parsed: dict[str, tuple[Any, int, dict[str, Schedule], list[str]]] = {}
 
 
 # -- the rows ------------------------------------------------------------------------
@@ -217,21 +226,41 @@ def fire_due(now: datetime) -> Ticks:
     if not _has_schedules():
         return ticks  # no statement at all
     schedules = sync(now)
-    rows = list(
-        JobSchedule.objects.using(db.alias())
-        .filter(paused_at__isnull=True, removed_at__isnull=True, next_tick__isnull=False)
-        .order_by("next_tick")
-        .values_list("name", "next_tick")[: ROUND_MAX + 1]
-    )
-    for name, tick in rows:
-        assert tick is not None  # noqa: S101 -- the read excludes rows without a next tick
-        if tick > now:
-            ticks.next_tick = tick
-            break
+    upcoming, due = _due(now)
+    ticks.next_tick = upcoming
+    for name, tick in due:
         schedule = schedules.get(name)
         if schedule is not None:
             fire(schedule, tick, now, ticks)
     return ticks
+
+
+def _due(now: datetime) -> tuple[datetime | None, list[tuple[str, datetime]]]:
+    """One statement: the active schedules' first tick after ``now``, and the ticks due at ``now`` (in order).
+
+    Two index reads of the schedules' ``next_tick``, whatever their number: the
+    earliest tick to come, joined to the due ones (at most :data:`ROUND_MAX`).
+    """
+    from .store import store
+
+    wrapper = db.connection()
+    q = wrapper.ops.quote_name
+    table, name, tick = q(JobSchedule._meta.db_table), q("name"), q("next_tick")
+    active = f"{q('paused_at')} IS NULL AND {q('removed_at')} IS NULL"
+    sql = (
+        f"SELECT upcoming.first_tick, due.{name}, due.{tick} FROM "
+        f"(SELECT MIN({tick}) AS first_tick FROM {table} WHERE {active} AND {tick} > %s) upcoming "
+        f"LEFT JOIN (SELECT {name}, {tick} FROM {table} WHERE {active} AND {tick} <= %s "
+        f"ORDER BY {tick} LIMIT {ROUND_MAX}) due ON 1 = 1 ORDER BY due.{tick}"
+    )
+    at = wrapper.ops.adapt_datetimefield_value(now)
+    with wrapper.cursor() as cur:
+        cur.execute(sql, [at, at])
+        rows = cur.fetchall()
+    read = store().read_datetime
+    upcoming = read(rows[0][0]) if rows else None
+    due = [(row[1], read(row[2])) for row in rows if row[1] is not None]
+    return upcoming, [(n, t) for n, t in due if t is not None]
 
 
 def look_at_schedules(report: DriveReport, now: datetime) -> None:

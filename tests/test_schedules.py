@@ -428,3 +428,39 @@ def test_a_tick_started_has_a_span_of_its_own(effects):
     (tick,) = [span for span in exporter.get_finished_spans() if span.name == "tick nightly"]
     assert tick.attributes["jobruns.schedule.tick"] == "2026-06-01T03:00:00+00:00"
     assert any(span.parent and span.parent.span_id == tick.context.span_id for span in exporter.get_finished_spans())
+
+
+def test_a_waiting_drive_wakes_for_the_next_tick_not_a_poll_later():
+    """S4: the end of a wait is the budget's end, or the next tick when it comes first (never past either)."""
+    import time
+
+    from django_jobruns.report import DriveReport
+
+    now = datetime(2026, 6, 1, 2, 59, 58, tzinfo=UTC)
+    report = DriveReport()
+    deadline = time.monotonic() + 50
+    assert schedules.until_next_tick(report, now, deadline) == deadline, "no schedule: the budget's end"
+    report.next_tick = now + timedelta(seconds=2)
+    woken = schedules.until_next_tick(report, now, deadline)
+    assert 1.5 < woken - time.monotonic() <= 2.0
+    report.next_tick = now - timedelta(seconds=5)
+    assert schedules.until_next_tick(report, now, deadline) <= time.monotonic(), "a tick due already: no wait"
+    report.next_tick = now + timedelta(hours=2)
+    assert schedules.until_next_tick(report, now, deadline) == deadline
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_drive_with_a_budget_starts_the_tick_that_comes_due_while_it_waits(effects):
+    """A drive started a moment before the tick, with a budget past it: the tick's run is started and driven."""
+    import time
+
+    base = datetime(2026, 6, 1, 2, 59, 59, tzinfo=UTC)
+    began = time.monotonic()
+
+    def clock() -> datetime:
+        return base + timedelta(seconds=time.monotonic() - began)
+
+    spec = every("0 3 * * *", payload={"log": str(effects), "passes": 1})
+    with override_settings(JOBRUNS={"SCHEDULES": spec}):
+        report = run_due_jobs(now=clock, max_seconds=3)
+    assert report.ticks == 1 and report.completed == 1, report
