@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Django's Tasks: this app's backend against django-tasks-db's, on the same database, rounds interleaved.
 
-    python bench/tasks.py --db {sqlite,postgres} [--tasks N] [--latency K] [--rounds R]
+    python bench/tasks.py --db {sqlite,postgres} [--tasks N] [--latency K] [--rounds R] [--sqlite-mode wal|rollback]
 
 Each phase is a fresh database and a fresh worker process waiting for work:
 ``manage.py run_due_jobs --max-seconds …`` for this app, ``manage.py db_worker``
@@ -31,11 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import ROOT, drop_database, fresh_database, median, run_phase, setup_django  # noqa: E402
 
 
-def phase(db: str, which: str, tasks: int, latency: int) -> dict[str, float]:
+def phase(db: str, which: str, tasks: int, latency: int, sqlite_mode: str = "wal") -> dict[str, float]:
     os.environ["BENCH_TASKS"] = which
     name = f"bench_tasks_{which}"
     url = fresh_database(db, name)
-    setup_django(url, "wal")
+    setup_django(url, sqlite_mode)  # SQLite: IMMEDIATE, with WAL or the rollback journal (synchronous=FULL)
     from django.db import transaction
 
     from bench.tasks_app import task_functions as t
@@ -107,16 +107,17 @@ def main() -> int:
     parser.add_argument("--tasks", type=int, default=300)
     parser.add_argument("--latency", type=int, default=15)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--sqlite-mode", choices=["wal", "rollback"], default="wal")
     parser.add_argument("--phase", choices=["ours", "peer"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.phase:
-        print(json.dumps(phase(args.db, args.phase, args.tasks, args.latency)))
+        print(json.dumps(phase(args.db, args.phase, args.tasks, args.latency, args.sqlite_mode)))
         return 0
     results: dict[str, list[dict[str, float]]] = {"ours": [], "peer": []}
     for round_ in range(args.rounds):
         order = ["ours", "peer"] if round_ % 2 == 0 else ["peer", "ours"]
         for which in order:
-            sizes = ["--tasks", str(args.tasks), "--latency", str(args.latency)]
+            sizes = ["--tasks", str(args.tasks), "--latency", str(args.latency), "--sqlite-mode", args.sqlite_mode]
             figures = run_phase("tasks.py", "--db", args.db, "--phase", which, *sizes)
             results[which].append(figures)
             print(f"round {round_ + 1} {which}: {json.dumps(figures)}", flush=True)
@@ -125,7 +126,8 @@ def main() -> int:
     ours_p50 = median([r["latency_p50_s"] for r in results["ours"]])
     peer_p50 = median([r["latency_p50_s"] for r in results["peer"]])
     print(
-        f"db={args.db} tasks={args.tasks} rounds={args.rounds} ours_tasks_per_s={ours_rate:.0f} "
+        f"db={args.db} mode={args.sqlite_mode if args.db == 'sqlite' else '-'} tasks={args.tasks} rounds={args.rounds} "
+        f"ours_tasks_per_s={ours_rate:.0f} "
         f"peer_tasks_per_s={peer_rate:.0f} throughput_ratio={ours_rate / peer_rate:.2f} "
         f"ours_latency_p50_s={ours_p50:.3f} peer_latency_p50_s={peer_p50:.3f}"
     )

@@ -16,7 +16,7 @@ import logging
 import re
 import traceback
 from collections.abc import Callable, Iterable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from inspect import iscoroutinefunction
 from typing import Any
 
@@ -27,7 +27,7 @@ from django.utils.module_loading import import_string
 from . import conf, db, telemetry
 from .conf import duration
 from .exceptions import GiveUp, TaskNotImportable, TaskValueUnstorable
-from .registry import Job, add, lookup
+from .registry import Job, Statements, add, lookup
 from .retry import RetryPolicy
 from .task_results import (
     BaseTaskBackend,
@@ -251,7 +251,9 @@ def register_task_job(alias: str, options: dict[str, Any]) -> Job:
     """Register (or refresh) the internal job that runs the tasks of backend ``alias``."""
     retry = options.get("RETRY") if isinstance(options.get("RETRY"), RetryPolicy) else None
     lease, timeout = (_duration_or_none(options.get(key)) for key in ("LEASE_TTL", "TIMEOUT"))
-    return add(Job(_run_task, module=TASKS_MODULE, name=alias, retry=retry, lease=lease, timeout=timeout), replace=True)
+    job = Job(_run_task, module=TASKS_MODULE, name=alias, retry=retry, lease=lease, timeout=timeout)
+    job.on_claim = begin_attempt  # the attempt record begun in the claim's transaction
+    return add(job, replace=True)
 
 
 def _duration_or_none(value: Any) -> timedelta | None:
@@ -288,9 +290,9 @@ def _run_task(p: Any) -> dict[str, Any]:
     except (ImportError, ValueError) as exc:
         # A rolling deploy: newer code enqueued it, this worker runs older code. Not a failure of the
         # task: stepped over and named, and a worker that can import it runs it.
+        _Attempt(p).never_started()
         raise TaskNotImportable(f"the task {path!r} cannot be imported here ({exc})") from None
-    attempt = _Attempt(run_id, p.attempt, p._claim.fence)
-    attempt.begin(p.holder)
+    attempt = _Attempt(p)
     if not isinstance(task, Task):
         error = TypeError(f"{path!r} is not a task (decorate it with @task)")
         attempt.end(error)
@@ -325,75 +327,102 @@ def _run_task(p: Any) -> dict[str, Any]:
             value = _json_form(raw)
         except (TypeError, ValueError, RecursionError) as exc:
             # Permanent: no retry gives the value a JSON form, and a retry would repeat the body's effects.
-            attempt.end(exc)
+            attempt.end(exc, _finished(sender, result, TaskResultStatus.FAILED))
             raise TaskValueUnstorable(f"the task's return value has no JSON form: {exc}") from exc
         from .queue_safety import dump_queue_safe
 
         dump_queue_safe(value, "return value")  # the stored form's bounds (depth, integers, size)
         p._claim.check_timeout()  # a task that ran past its TIMEOUT is a failed attempt (D19)
     except BaseException as exc:
-        if attempt.end(exc) and result is not None:
-            object.__setattr__(result, "status", TaskResultStatus.FAILED)
-            task_finished.send(sender, task_result=result)
+        attempt.end(exc, _finished(sender, result, TaskResultStatus.FAILED))
         raise
     finally:
         _current_pass.reset(token)
-    if attempt.end(None) and result is not None:
-        object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
-        object.__setattr__(result, "_return_value", value)
-        task_finished.send(sender, task_result=result)
+    attempt.end(None, _finished(sender, result, TaskResultStatus.SUCCESSFUL, value))
     return {"cursor": value, "done": True}
 
 
-class _Attempt:
-    """A task run's attempt record, written as the pass begins and as it ends, under the claim's fence.
+def _finished(sender: Any, result: Any, status: Any, value: Any = None) -> Callable[[], None] | None:
+    """``task_finished`` for ``result``, sent once the pass's ending write held (a lost claim signals nothing)."""
+    if result is None:
+        return None
 
-    One statement each (autocommit); each writes only while the run's fence is the claim's, so a
-    worker whose run was taken over adds nothing to the record of the one that took it.
+    def send() -> None:
+        object.__setattr__(result, "status", status)
+        if status == TaskResultStatus.SUCCESSFUL:
+            object.__setattr__(result, "_return_value", value)
+        task_finished.send(sender, task_result=result)
+
+    return send
+
+
+class _Attempt:
+    """A task run's attempt record: begun in the claim's transaction, ended in the pass's ending write's.
+
+    So a task costs two commits (the claim, the pass's commit), and a worker whose run was taken over
+    adds nothing to the record of the one that took it: both ride on fenced writes
+    (:meth:`~django_jobruns.claims.Claim.ride`), which write them only while the fence is the claim's.
     """
 
-    def __init__(self, run_id: str, number: int, fence: int) -> None:
-        from .models import JobAttempt, JobRun
-
-        self.run_id, self.number, self.fence = run_id, number, fence
-        wrapper = db.connection()
-        q = wrapper.ops.quote_name
-        self.table = q(JobAttempt._meta.db_table)
-        self.fenced = (
-            f"EXISTS (SELECT 1 FROM {q(JobRun._meta.db_table)} WHERE {q('id')} = %s AND {q('lease_fence')} = %s)"
-        )
-        self.run_table = q(JobRun._meta.db_table)
-        self.q = q
+    def __init__(self, p: Any) -> None:
+        self.claim = p._claim
+        self.run_id, self.number = p.run.id, p.attempt
+        self.began = self.claim.taken_at or db.now()
         self.ended = False
-        self.held = False
 
-    def begin(self, holder: str) -> None:
-        q, wrapper = self.q, db.connection()
-        self.began = db.now()
-        now = wrapper.ops.adapt_datetimefield_value(self.began)
-        with wrapper.cursor() as cur:
-            cur.execute(
-                f"INSERT INTO {self.table} ({q('run_id')}, {q('number')}, {q('holder')}, {q('started_at')}) "
-                f"SELECT %s, %s, %s, %s FROM {self.run_table} WHERE {q('id')} = %s AND {q('lease_fence')} = %s",
-                [self.run_id, self.number, holder, now, self.run_id, self.fence],
-            )
-
-    def end(self, exc: BaseException | None) -> bool:
-        """Record how the attempt ended (the first time asked); return whether the claim held (it was written)."""
+    def end(self, exc: BaseException | None, finished: Callable[[], None] | None = None) -> None:
+        """Record how the attempt ended, with the pass's ending write; ``finished`` once that held."""
         if self.ended:
-            return self.held
+            return
         self.ended = True
-        q, wrapper = self.q, db.connection()
-        now = wrapper.ops.adapt_datetimefield_value(db.now())
         error = traceback_text = None
         if exc is not None:
             error = f"{type(exc).__module__}.{type(exc).__qualname__}"
             traceback_text = "".join(traceback.format_exception(exc))
-        with wrapper.cursor() as cur:
-            cur.execute(
-                f"UPDATE {self.table} SET {q('ended_at')} = %s, {q('error_class')} = %s, {q('traceback')} = %s "
-                f"WHERE {q('run_id')} = %s AND {q('number')} = %s AND {q('ended_at')} IS NULL AND {self.fenced}",
-                [now, error, traceback_text, self.run_id, self.number, self.run_id, self.fence],
-            )
-            self.held = bool(cur.rowcount >= 1)
-        return self.held
+        q, wrapper = _quoted()
+        now = wrapper.ops.adapt_datetimefield_value(db.now())
+        self.claim.ride(
+            f"UPDATE {q(_attempt_table())} SET {q('ended_at')} = %s, {q('error_class')} = %s, "
+            f"{q('traceback')} = %s WHERE {q('run_id')} = %s AND {q('number')} = %s AND {q('ended_at')} IS NULL",
+            [now, error, traceback_text, self.run_id, self.number],
+        )
+        if finished is not None:
+            self.claim.after_written.append(finished)
+
+    def never_started(self) -> None:
+        """The task was not run here (it cannot be imported): the record begun with the claim is removed."""
+        self.ended = True
+        self.claim.riders.extend(self.claim.undo)
+
+
+def _quoted() -> tuple[Callable[[str], str], Any]:
+    wrapper = db.connection()
+    return wrapper.ops.quote_name, wrapper
+
+
+def _attempt_table() -> str:
+    from .models import JobAttempt
+
+    return JobAttempt._meta.db_table
+
+
+def begin_attempt(run_id: str, fence: int, holder: str, now: datetime) -> tuple[Statements, Statements]:
+    """What a task job writes with each claim (its ``on_claim``): the attempt record begun, and its undoing.
+
+    The attempt's number is the run's attempts after the claim plus one (a takeover's charge counted),
+    as the pass's ``attempt`` is.
+    """
+    from .models import JobRun
+
+    q, wrapper = _quoted()
+    at = wrapper.ops.adapt_datetimefield_value(now)
+    table, runs = q(_attempt_table()), q(JobRun._meta.db_table)
+    begin = (
+        f"INSERT INTO {table} ({q('run_id')}, {q('number')}, {q('holder')}, {q('started_at')}) "
+        f"SELECT {q('id')}, {q('attempts')} + 1, %s, %s FROM {runs} WHERE {q('id')} = %s AND {q('lease_fence')} = %s"
+    )
+    undo = (
+        f"DELETE FROM {table} WHERE {q('run_id')} = %s AND {q('holder')} = %s AND {q('started_at')} = %s "
+        f"AND {q('ended_at')} IS NULL"
+    )
+    return [(begin, [holder, at, run_id, fence])], [(undo, [run_id, holder, at])]

@@ -124,27 +124,49 @@ class Claim:
     began: float | None = None
     timeout: timedelta | None = None
     deadline: float | None = None
+    #: When the claim was taken, by its clock (a task's attempt record starts there).
+    taken_at: datetime | None = None
+    #: Statements written with the claim's next ending write (its commit, failure, step over,
+    #: abandon), in its transaction, only if the fence held: a task's attempt record ended.
+    riders: list[tuple[str, list[Any]]] = field(default_factory=list)
+    #: Statements that undo what rode with the claim itself, written if the claim is abandoned.
+    undo: list[tuple[str, list[Any]]] = field(default_factory=list)
+    #: Called once the ending write held (committed): a task's ``task_finished`` signal.
+    after_written: list[Callable[[], None]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
-    def take(cls, row: DueRow, holder: str, ttl: timedelta, clock: Clock) -> Claimed | None:
+    def take(cls, row: DueRow, holder: str, ttl: timedelta, clock: Clock, job: Job | None = None) -> Claimed | None:
         """Claim the run of ``row`` if nobody claimed it since it was read, or their claim expired.
 
         The next fence is the one read plus one. A row with a holder recorded
         on its lapsed lease makes this a takeover, which charges that holder's
-        silent pass in the same statement.
+        silent pass in the same statement. What ``job`` writes with its claims
+        (a task's attempt record begun) is written in the claim's transaction.
         """
         now = clock()
         fence = row.fence + 1
         charge = None if row.holder is None else transitions.charged(outcomes.stopped_reporting(row.holder), now)
+        also, undo = job.on_claim(row.id, fence, holder, now) if job is not None and job.on_claim else ([], [])
         kept_at = time.monotonic()
         sent = clock.mark()
-        claimed = store().claim(row, fence, holder, Expiry(clock.lease_now(), ttl), now, charge=charge)
+        claimed = store().claim(row, fence, holder, Expiry(clock.lease_now(), ttl), now, charge=charge, also=also)
         if claimed is None:
             return None
         claim = cls(row.id, holder, fence, ttl, clock, sent, took_over_from=row.holder, kept_at=kept_at)
+        claim.taken_at, claim.undo = now, undo
         keepalive.keep(claim)
         return Claimed(claim, claimed)
+
+    def ride(self, text: str, params: list[Any]) -> None:
+        """Write this statement with the claim's ending write, in its transaction, if the fence holds."""
+        self.riders.append((text, params))
+
+    def _written(self) -> None:
+        """The ending write held: what waited for it (a task's signal) is called."""
+        waiting, self.after_written = self.after_written, []
+        for call in waiting:
+            call()
 
     def lease_left(self) -> timedelta:
         """How long the lease is sure to last, counted from when the statement that set it was sent."""
@@ -335,12 +357,17 @@ class Claim:
         if not keeps:
             keepalive.forget(self)  # before the last write: no renewal may follow it
         kept_at, sent = time.monotonic(), self.clock.mark()
-        committed = store().commit_pass(self.run_id, self.fence, fields, drop_ledger=drop_ledger, read_back=keeps)
+        riders, self.riders = self.riders, []
+        committed = store().commit_pass(
+            self.run_id, self.fence, fields, drop_ledger=drop_ledger, read_back=keeps, also=riders
+        )
         if committed is None:
             self.lost = True
             keepalive.forget(self)
-        elif keeps:
+            return None
+        if keeps:
             self._leased(sent, kept_at)
+        self._written()
         return committed
 
     def fail(self, attempts: int, error: str, *, next_attempt_at: datetime | None) -> bool:
@@ -355,9 +382,12 @@ class Claim:
     def write(self, fields: dict[str, Any]) -> bool:
         """Write a transition that ends the claim (a failed pass, a release); return whether the fence held."""
         keepalive.forget(self)  # before the last write: no renewal may follow it
-        held = store().write_fenced(self.run_id, self.fence, fields)
+        riders, self.riders = self.riders, []
+        held = store().write_fenced(self.run_id, self.fence, fields, also=riders)
         if not held:
             self.lost = True
+            return False
+        self._written()
         return held
 
     def abandon(self, run: JobRun) -> PassOutcome:
@@ -367,6 +397,7 @@ class Claim:
         never able to record a failure itself; the takeovers count for it.
         """
         error = outcomes.abandoned(self.took_over_from or "?", run.attempts)
+        self.riders.extend(self.undo)  # what rode with the claim (an attempt record begun) never started
         if not self.write(transitions.abandoned(error, self.clock())):
             return LOST
         logger.error("run %s (%s) failed: %s", run.id, run.title, error)

@@ -265,7 +265,7 @@ class _Drive:
     def take(self, row: DueRow, job: Job) -> Claimed | None:
         """Claim the run, or ``None``: another holder won it, or the claim's statement failed (said so)."""
         try:
-            return Claim.take(row, self.options.holder, self.options.lease_for(job), self.options.clock)
+            return Claim.take(row, self.options.holder, self.options.lease_for(job), self.options.clock, job)
         except DatabaseError as exc:
             if errors.refuses_writes(exc):
                 # Every claim would fail alike: one error, not a line per run per look.

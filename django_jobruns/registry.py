@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, overload
 
 from .conf import duration
@@ -16,6 +16,9 @@ if TYPE_CHECKING:
     from .passes import Pass
 
 Handler = Callable[["Pass"], Mapping[str, Any] | None]
+#: Statements as (text, parameters).
+Statements = list[tuple[str, list[Any]]]
+ClaimHook = Callable[[str, int, str, datetime], tuple[Statements, Statements]]
 
 _lock = threading.Lock()
 
@@ -53,6 +56,10 @@ class Job:
         self.lease = lease
         #: The longest one pass may run (``None``: ``JOBRUNS["TIMEOUT"]``, D19).
         self._timeout = timeout
+        #: What this job writes with each claim of its runs, in the claim's transaction, and what undoes
+        #: it if the claim is abandoned: ``(run_id, fence, holder, now) -> (statements, undo)``. The
+        #: Tasks backend's jobs begin their attempt records so (a task costs two commits).
+        self.on_claim: ClaimHook | None = None
         functools.update_wrapper(self, handler)
 
     @property

@@ -138,3 +138,42 @@ def test_d9_due_read_uses_the_due_index_with_a_large_history():
     if connection.vendor == "sqlite":
         assert "USING INDEX jobruns_due_at" in plan, plan
         assert "TEMP B-TREE" not in plan, plan
+
+
+def _counting_commits(monkeypatch: Any) -> tuple[list[str], Any]:
+    """The commits of this thread's connection: each write outside a transaction, each transaction committed."""
+    import re
+
+    commits: list[str] = []
+    real = connection.commit
+
+    def commit() -> None:
+        commits.append("a transaction")
+        real()
+
+    monkeypatch.setattr(connection, "commit", commit)
+
+    def autocommitted(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if not connection.in_atomic_block and re.match(r"\s*(INSERT|UPDATE|DELETE|WITH)", sql, re.I):
+            commits.append(sql[:60])
+        return execute(sql, params, many, context)
+
+    return commits, connection.execute_wrapper(autocommitted)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_task_costs_at_most_two_commits(monkeypatch):
+    """The claim (with the attempt's record begun) and the pass's commit (the record ended, the lease given back)."""
+    from tests.support import task_functions as t
+
+    result = t.add.enqueue(20, 22)
+    commits, counting = _counting_commits(monkeypatch)
+    with counting:
+        report = run_due_jobs()
+    assert report.completed == 1 and len(commits) <= 2, commits
+    result.refresh()
+    assert result.return_value == 42 and result.errors == [] and len(result.worker_ids) == 1
+    from django_jobruns.models import JobAttempt
+
+    (attempt,) = JobAttempt.objects.filter(run_id=result.id)
+    assert attempt.ended_at is not None and attempt.number == 1 and attempt.error_class is None

@@ -7,6 +7,7 @@ caller of the fenced writes.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -17,13 +18,17 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from .. import db
-from ..models import JobAttempt, JobRun, JobStep
+from ..models import JobRun
 from . import errors, watchdog
 from .deadlocks import retry_deadlocks
+from .retention import Retention
 from .statements import RUN_FIELDS, ClockSQL, Expiry, Statements
 
 #: The step ledger of a pass: (step, result, attempts, last_error) per recorded step.
 Ledger = list[tuple[str, "str | None", int, "str | None"]]
+#: Statements (text, parameters) that ride along with a fenced write: run in its transaction, only if
+#: the fence held (a task's attempt record begun with the claim, ended with the pass's commit).
+Riders = list[tuple[str, list[Any]]]
 
 
 class DueRow(NamedTuple):
@@ -112,7 +117,7 @@ def _guarded(method: Any) -> Any:
     return bounded
 
 
-class Store:
+class Store(Retention):
     """The engine's statements on one database alias, portable to any database Django supports.
 
     Each operation in :data:`GUARDED`, in this class and its vendors', runs
@@ -200,8 +205,11 @@ class Store:
         now: datetime,
         *,
         charge: dict[str, Any] | None = None,
+        also: Riders | None = None,
     ) -> ClaimedRow | None:
         """Take the run if its fence is still ``row.fence`` and its lease free; set ``fence``; return it re-read.
+
+        ``also``: statements written in the claim's transaction once it held (one commit for both).
 
         The lease is free, and its new expiry set, by ``expires.now`` -- the
         database's clock as the statement runs, when that is ``None``. ``now``
@@ -220,17 +228,29 @@ class Store:
         """
         st = self.statements
         params = self._claim_params(row, fence, holder, expires, charge)
-        with self.connection.cursor() as cur:
+        with self._together(also), self.connection.cursor() as cur:
             text = st.claim_returning if self.returning else st.claim
             if charge is not None:
                 text = st.takeover(charge, returning=self.returning)
             cur.execute(text, params)
             if self.returning:
                 found = cur.fetchone()
+                if found is not None:
+                    self._ride(cur, also)
                 return self._claimed(found, now) if found is not None else None
             if cur.rowcount != 1:
                 return None
+            self._ride(cur, also)
         return self.read_run(row.id, now)
+
+    def _together(self, also: Riders | None) -> Any:
+        """One transaction for a write and its riders (a lone statement needs none)."""
+        return transaction.atomic(using=self.alias) if also else contextlib.nullcontext()
+
+    @staticmethod
+    def _ride(cur: Any, also: Riders | None) -> None:
+        for text, params in also or ():
+            cur.execute(text, params)
 
     def _claim_params(
         self, row: DueRow, fence: int, holder: str, expires: Expiry, charge: dict[str, Any] | None
@@ -338,7 +358,14 @@ class Store:
         return True
 
     def commit_pass(
-        self, run_id: str, fence: int, fields: dict[str, Any], *, drop_ledger: bool, read_back: bool = False
+        self,
+        run_id: str,
+        fence: int,
+        fields: dict[str, Any],
+        *,
+        drop_ledger: bool,
+        read_back: bool = False,
+        also: Riders | None = None,
     ) -> Committed | None:
         """Write the pass's transition and drop its ledger, if ``fence`` still holds; ``None`` if it did not.
 
@@ -368,59 +395,20 @@ class Store:
                         (paused_at,) = cur.fetchone()
                 if drop_ledger:
                     cur.execute(st.drop_ledger, [run_id])
+                self._ride(cur, also)
                 return Committed(self.read_datetime(paused_at))
 
         return retry_deadlocks(commit, f"run {run_id}: pass commit")
 
-    def write_fenced(self, run_id: str, fence: int, fields: dict[str, Any]) -> bool:
+    def write_fenced(self, run_id: str, fence: int, fields: dict[str, Any], also: Riders | None = None) -> bool:
         """Write ``fields`` (a transition) to the run if ``fence`` is still its fence; return whether it was."""
         st = self.statements
-        with self.connection.cursor() as cur:
+        with self._together(also), self.connection.cursor() as cur:
             cur.execute(st.update_fenced(fields), [*st.parameters(fields), run_id, fence])
-            return bool(cur.rowcount == 1)
-
-    # -- retention (pruning) ---------------------------------------------------------
-
-    def prune_names(self) -> dict[str, str]:
-        """The quoted tables and columns a prune batch names."""
-        q = self.connection.ops.quote_name
-        return {
-            "run": q(JobRun._meta.db_table),
-            "step": q(JobStep._meta.db_table),
-            "attempt": q(JobAttempt._meta.db_table),
-            "link": q(JobRun._meta.get_field("restarted_from").column),
-            "step_run": q(JobStep._meta.get_field("run").column),
-            "attempt_run": q(JobAttempt._meta.get_field("run").column),
-            "id": q("id"),
-            "status": q("status"),
-            "ended_at": q("ended_at"),
-        }
-
-    def prune_batch(self, statuses: list[str], cutoff: datetime, size: int) -> tuple[int, int]:
-        """Delete up to ``size`` runs of ``statuses`` ended before ``cutoff``: (how many were taken, deleted).
-
-        One transaction: the batch's ids read through the (status, ended_at)
-        index, the lineage links to them cleared, their step and attempt
-        records and the runs deleted. A run whose status changed since the
-        read (none can: only finished runs qualify) is not deleted.
-        """
-        ids = list(
-            JobRun.objects.using(self.alias)
-            .filter(status__in=statuses, ended_at__lt=cutoff)
-            .values_list("id", flat=True)[:size]
-        )
-        if not ids:
-            return 0, 0
-        n = self.prune_names()
-        marks, among = ", ".join(["%s"] * len(ids)), ", ".join(["%s"] * len(statuses))
-        with transaction.atomic(using=self.alias), self.connection.cursor() as cur:
-            cur.execute(f"UPDATE {n['run']} SET {n['link']} = NULL WHERE {n['link']} IN ({marks})", ids)
-            cur.execute(f"DELETE FROM {n['step']} WHERE {n['step_run']} IN ({marks})", ids)
-            cur.execute(f"DELETE FROM {n['attempt']} WHERE {n['attempt_run']} IN ({marks})", ids)
-            cur.execute(
-                f"DELETE FROM {n['run']} WHERE {n['id']} IN ({marks}) AND {n['status']} IN ({among})", [*ids, *statuses]
-            )
-            return len(ids), int(cur.rowcount)
+            held = bool(cur.rowcount == 1)
+            if held:
+                self._ride(cur, also)
+            return held
 
 
 for _name in GUARDED:

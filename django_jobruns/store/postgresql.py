@@ -8,7 +8,7 @@ from typing import Any
 
 from django.db import transaction
 
-from .base import ClaimedRow, Committed, DueRow, StepWrite, Store
+from .base import ClaimedRow, Committed, DueRow, Riders, StepWrite, Store
 from .statements import RUN_FIELDS, Expiry, PostgresClockSQL
 
 
@@ -27,12 +27,15 @@ class PostgresStore(Store):
         now: datetime,
         *,
         charge: dict[str, Any] | None = None,
+        also: Riders | None = None,
     ) -> ClaimedRow | None:
         if charge is not None:
-            return super().claim(row, fence, holder, expires, now, charge=charge)
-        with self.connection.cursor() as cur:
+            return super().claim(row, fence, holder, expires, now, charge=charge, also=also)
+        with self._together(also), self.connection.cursor() as cur:
             cur.execute(self.statements.claim_with_ledger, self._claim_params(row, fence, holder, expires, None))
             found = cur.fetchone()
+            if found is not None:
+                self._ride(cur, also)
         if found is None:
             return None
         steps = found[len(RUN_FIELDS)]
@@ -54,12 +57,21 @@ class PostgresStore(Store):
             return cur.fetchone() is not None, True
 
     def commit_pass(
-        self, run_id: str, fence: int, fields: dict[str, Any], *, drop_ledger: bool, read_back: bool = False
+        self,
+        run_id: str,
+        fence: int,
+        fields: dict[str, Any],
+        *,
+        drop_ledger: bool,
+        read_back: bool = False,
+        also: Riders | None = None,
     ) -> Committed | None:
         st = self.statements
-        with self._savepoint_if_nested(), self.connection.cursor() as cur:
+        with self._together(also), self.connection.cursor() as cur:
             cur.execute(st.commit_fenced(fields, drop_ledger=drop_ledger), [*st.parameters(fields), run_id, fence])
             row = cur.fetchone()
+            if row is not None:
+                self._ride(cur, also)
         return None if row is None else Committed(row[0])
 
     def prune_batch(self, statuses: list[str], cutoff: datetime, size: int) -> tuple[int, int]:
@@ -78,6 +90,10 @@ class PostgresStore(Store):
             cur.execute(batch, [statuses, self.adapt(cutoff), size])
             count = int(cur.rowcount)
         return count, count
+
+    def _together(self, also: Riders | None) -> Any:
+        """A write and its riders in one transaction; a lone statement in the caller's gets a savepoint."""
+        return transaction.atomic(using=self.alias) if also else self._savepoint_if_nested()
 
     def _savepoint_if_nested(self) -> Any:
         """A savepoint around a one-statement write made inside the caller's transaction.
