@@ -160,6 +160,7 @@ def test_a_task_the_worker_cannot_import_is_stepped_over_named_and_run_once_it_c
     run.refresh_from_db()
     assert run.status == Status.RUNNING and run.attempts == 0 and run.lease_holder is None
     assert run.last_warning.startswith("job not registered")
+    assert not JobAttempt.objects.filter(run_id=run.pk).exists(), "the record begun with the claim is removed"
     assert task_backends["default"].get_result(behind.id).return_value == 4
     # The release that brings the function: the run is driven as usual.
     t.added_by_the_next_release = t.add  # type: ignore[attr-defined]
@@ -293,3 +294,20 @@ def test_a_task_of_a_backend_removed_from_tasks_is_named_with_the_tasks_setting_
     assert said and "TASKS" in said[0] and "jobs.py" not in said[0], said
     warning = JobRun.objects.get(pk=stranded.id).last_warning
     assert "'retired'" in warning and "TASKS setting" in warning and "jobs.py" not in warning, warning
+
+
+def test_a_task_abandoned_by_its_takeover_keeps_only_the_dead_workers_attempt():
+    """A takeover that spends the policy fails the task unrun: the record its claim began goes with it."""
+    from django.utils import timezone
+
+    result = t.add.using(backend="once").enqueue(1, 2)  # max_attempts=1
+    now = timezone.now()
+    JobRun.objects.filter(pk=result.id).update(
+        lease_holder="dead-host:1:ab", lease_expires_at=now - timedelta(minutes=1), lease_fence=1
+    )
+    JobAttempt.objects.create(run_id=result.id, number=1, holder="dead-host:1:ab", started_at=now)
+    report = run_due_jobs()
+    assert report.failed == 1 and report.taken_over == 1, report
+    assert list(JobAttempt.objects.filter(run_id=result.id).values_list("holder", flat=True)) == ["dead-host:1:ab"]
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED and result.errors, result.errors
