@@ -35,6 +35,10 @@ class Job:
     # Copied from the handler by ``functools.update_wrapper``.
     __name__: str
     __qualname__: str
+    #: What this job writes with each claim of its runs, in the claim's transaction, and what undoes
+    #: it if the claim is abandoned: ``(run_id, fence, holder, now) -> (statements, undo)``. The
+    #: Tasks backend's jobs begin their attempt records so (a task costs two commits).
+    on_claim: ClaimHook | None = None
 
     def __init__(
         self,
@@ -56,10 +60,6 @@ class Job:
         self.lease = lease
         #: The longest one pass may run (``None``: ``JOBRUNS["TIMEOUT"]``, D19).
         self._timeout = timeout
-        #: What this job writes with each claim of its runs, in the claim's transaction, and what undoes
-        #: it if the claim is abandoned: ``(run_id, fence, holder, now) -> (statements, undo)``. The
-        #: Tasks backend's jobs begin their attempt records so (a task costs two commits).
-        self.on_claim: ClaimHook | None = None
         functools.update_wrapper(self, handler)
 
     @property
