@@ -180,30 +180,8 @@ class JobRunAdmin(RunActions):
         ("Lease", {"fields": ("lease_holder", "lease_state", "lease_expires_at_exact", "lease_fence")}),
         ("Lineage", {"fields": ("restarted_from_link", "restarts_links")}),
     )
-    readonly_fields = (
-        "id",
-        "key",
-        "status_badge",
-        "progress",
-        "started_at_exact",
-        "updated_at_exact",
-        "paused_at_exact",
-        "ended_at_exact",
-        "attempts",
-        "failed_passes",
-        "next_attempt_at_exact",
-        "last_error_display",
-        "last_warning",
-        "payload_display",
-        "cursor_display",
-        "counters_display",
-        "lease_holder",
-        "lease_state",
-        "lease_expires_at_exact",
-        "lease_fence",
-        "restarted_from_link",
-        "restarts_links",
-    )
+    # Every field shown is read-only: runs are never edited by hand.
+    readonly_fields = tuple(str(name) for _, section in fieldsets for name in section["fields"])
 
     started_at_exact = _exactly("started_at")
     updated_at_exact = _exactly("updated_at")
