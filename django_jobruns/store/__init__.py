@@ -35,7 +35,7 @@ Every statement goes to the database the project's router names for ``JobRun``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 
@@ -47,13 +47,17 @@ if TYPE_CHECKING:
 # alias (``django_jobruns.db``), which the stores themselves stand on.
 
 _built: dict[tuple[str, str], Store] = {}
+#: ``django_jobruns.db``, imported at the first call (it imports the vendor facts of this package).
+_db: list[Any] = []
 
 
 def store() -> Store:
     """The store of the database the router names for ``JobRun`` (the portable one for a database not below)."""
-    from .. import db
+    if not _db:  # not an import statement on every call: the hot path asks for the store per statement
+        from .. import db
 
-    alias = db.alias()
+        _db.append(db)
+    alias = _db[0].alias()
     vendor = connections[alias].vendor
     found = _built.get((alias, vendor))
     if found is None:
