@@ -38,8 +38,10 @@ class Clock:
 @pytest.fixture(autouse=True)
 def _fresh_sync():
     schedules.forget_sync()
+    schedules._said.clear()
     yield
     schedules.forget_sync()
+    schedules._said.clear()
 
 
 def runs_of(instance: str) -> list[JobRun]:
@@ -464,3 +466,24 @@ def test_a_drive_with_a_budget_starts_the_tick_that_comes_due_while_it_waits(eff
     with override_settings(JOBRUNS={"SCHEDULES": spec}):
         report = run_due_jobs(now=clock, max_seconds=3)
     assert report.ticks == 1 and report.completed == 1, report
+
+
+@pytest.mark.django_db(transaction=True)
+def test_schedules_the_database_cannot_answer_for_cost_the_round_its_schedules_not_the_drive(caplog, behaviour):
+    """Code deployed before migration 0019 (schedules declared, no table yet): runs are driven, the trouble said."""
+    from django.db import connection
+
+    behaviour["plain"] = lambda p: {"done": True}
+    from django_jobruns import start_job_run
+
+    start_job_run("tests.scripted", instance="plain")
+    with connection.cursor() as cur:
+        cur.execute("ALTER TABLE django_jobruns_jobschedule RENAME TO jobschedule_elsewhere")
+    try:
+        with override_settings(JOBRUNS={"SCHEDULES": every("* * * * *")}), caplog.at_level("ERROR"):
+            report = run_due_jobs()
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("ALTER TABLE jobschedule_elsewhere RENAME TO django_jobruns_jobschedule")
+    assert report.completed == 1, report
+    assert "the schedules could not be read" in caplog.text
