@@ -913,12 +913,15 @@ class Harness:
         missing = sum(len(expected_steps - {step for (rid, step) in effects if rid == run.id}) for run in runs)
         exact = {"steps": self.args.passes * self.args.steps, "passes": self.args.passes}
         counters_exact = all(json.loads(r.counters) == exact and r.cursor == str(self.args.passes) for r in runs)
-        # A poison run ends failed within its policy: its body ran at most once per
-        # attempt, and the takeover that found the last attempt dead failed it.
+        # A poison run ends failed within its policy: its body ran at most as often as
+        # the policy allows, it was not failed early, and the takeover that found the
+        # last attempt dead failed it. Its charged attempts may exceed the policy: a
+        # claimer the harness killed or stalled between its claim and its write is a
+        # silent pass too, and charged as one (D10), without running the body.
         limit = self.args.poison_attempts
         poison_failed = sum(
             run.status == "failed"
-            and run.attempts <= limit
+            and run.attempts >= limit
             and "stopped reporting" in (run.last_error or "")
             and poison_bodies[run.id] <= limit
             for run in poison.values()
