@@ -212,3 +212,16 @@ def test_health_refuses_a_lag_that_is_not_a_finite_positive_number_in_one_line(v
     )
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert "--max-lag" in done.stderr and value in done.stderr, done.stderr
+
+
+def test_job_runs_lines_up_its_columns_whatever_their_widths():
+    start_job_run("tests.walk", instance="a", payload={"log": "/dev/null"})
+    paused, _ = start_job_run("tests.walk", instance="a-much-longer-instance", payload={"log": "/dev/null"})
+    from django_jobruns import pause_job_run
+
+    pause_job_run(paused)
+    lines = call("job_runs").splitlines()
+    assert len(lines) == 2
+    starts = [line.index("just now") for line in lines]  # the age column starts alike on every line
+    assert starts[0] == starts[1], lines
+    assert all("\xa0" not in line for line in lines)

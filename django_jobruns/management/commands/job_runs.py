@@ -99,14 +99,18 @@ class Command(ScheduledCommand):
             self.stdout.write("no runs")
             return
         now = timezone.now()
+        lines = []
         for record, row in zip(records, found, strict=True):
             progress = " ".join(f"{name}={value}" for name, value in sorted(record.counters.items())) or "-"
             error = (record.last_error or "").splitlines()[0][:100] if record.last_error else ""
             paused = " (paused)" if record.status == Status.RUNNING and row.paused_at is not None else ""
-            self.stdout.write(
-                f"{record.id}  {record.status}{paused:<9} {row.title} [{record.instance}]  "
-                f"{_age(record.started_at, now)}  {progress}" + (f"  {error}" if error else "")
-            )
+            key = f"{row.title} [{record.instance}]"
+            lines.append([record.id, f"{record.status}{paused}", key, _age(record.started_at, now), progress, error])
+        # Columns aligned (each as wide as its widest cell), so the eye and `cut`/`awk` find them.
+        widths = [max(len(line[column]) for line in lines) for column in range(4)]
+        for line in lines:
+            cells = [cell.ljust(width) for cell, width in zip(line[:4], widths, strict=True)] + line[4:]
+            self.stdout.write("  ".join(cells).rstrip())
 
     # -- health ------------------------------------------------------------------
 
