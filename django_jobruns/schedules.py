@@ -154,7 +154,7 @@ _parsed: dict[str, tuple[Any, int, dict[str, Schedule], list[str]]] = {}
 
 # -- the rows ------------------------------------------------------------------------
 
-_synced: dict[str, Any] = {}
+_synced: dict[str, dict[str, Schedule]] = {}
 
 
 def sync(now: datetime) -> dict[str, Schedule]:
@@ -167,8 +167,8 @@ def sync(now: datetime) -> dict[str, Schedule]:
     """
     schedules, _ = declared()
     alias = db.alias()
-    key = (alias, tuple((s.name, s.target, s.cron, s.zone.key) for s in schedules.values()))
-    if _synced.get(alias) == key:
+    # ``declared()`` gives the same dict while the settings stay the same object: synced already.
+    if _synced.get(alias) is schedules:
         return schedules
     rows = {row.name: row for row in JobSchedule.objects.using(alias)}
     for schedule in schedules.values():
@@ -194,7 +194,7 @@ def sync(now: datetime) -> dict[str, Schedule]:
             removed_at=now, updated_at=now
         )
         logger.warning("schedule(s) %s are no longer in JOBRUNS['SCHEDULES']: stopped (their runs are kept)", gone)
-    _synced[alias] = key
+    _synced[alias] = schedules
     return schedules
 
 
