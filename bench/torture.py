@@ -822,7 +822,10 @@ class Harness:
             )
             events = cur.fetchall()
         poison = {run.id: run for run in JobRun.objects.filter(job="poison", module="torture")}
-        # The long steps' bodies, by run: (start event, end event or None, pid).
+        # The long steps' bodies, by run: (began, saw it should stop or ended, or None; pid),
+        # by this host's clock, which every worker shares: a record's order is not enough,
+        # as a body's end may be written after another body's start (a write waiting for
+        # SQLite's lock) though the first body had stopped before the second began.
         bodies: dict[str, list[list[Any]]] = defaultdict(list)
         stopped_pids = {proc.pid for proc in self.ever_stopped}
         poison_bodies: dict[str, int] = defaultdict(int)
@@ -844,12 +847,12 @@ class Harness:
             if kind == "effect" and note == "lapsed":
                 lapsed_steps += 1
             if kind == "body_start":
-                bodies[run_id].append([event_id, None, pid])
+                bodies[run_id].append([float(note), None, pid])
                 continue
             if kind == "body_end":
                 for body in reversed(bodies[run_id]):
                     if body[2] == pid and body[1] is None:
-                        body[1] = event_id
+                        body[1] = float(note)
                         break
                 continue
             if run_id in poison:
@@ -889,9 +892,9 @@ class Harness:
             for (_, end, pid), (start, _, other) in zip(passes, passes[1:], strict=False):
                 if start < end and pid != other:
                     overlapping += 1
-        # Two bodies of one run that overlap: a live holder's run taken over. A body
-        # with no end was killed (it ended then, unseen), so it ends at the next
-        # body's start at the latest. A worker stopped with SIGSTOP was not live
+        # Two bodies of one run that overlap in time: a live holder's run taken over.
+        # A body with no end was killed (it ended then, unseen), so it ends at the
+        # next body's start at the latest. A worker stopped with SIGSTOP was not live
         # while stopped: on SIGCONT its body sees p.stopping within one check.
         overlapping_bodies = 0
         for spans in bodies.values():

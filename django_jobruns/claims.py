@@ -180,15 +180,26 @@ class Claim:
 
     @property
     def stopping(self) -> bool:
-        """Whether the pass in flight should end early (D18): lost, paused, timed out, lapsed, drive stopping."""
+        """Whether the pass in flight should end early (D18): lost, paused, timed out, lapsing, drive stopping."""
         return (
             self.lost
             or self.paused
             or self.timed_out
             or (self.drive_stopping is not None and self.drive_stopping())
             or self.past_timeout()
-            or self.lease_left() <= timedelta(0)
+            or self.lapsing()
         )
+
+    def lapsing(self) -> bool:
+        """Whether the lease is about to lapse: a quarter of it left, no renewal having held since.
+
+        A renewal is sent every third of the lease and bounded by a third, so
+        by then every one sent on time has failed. The pass is asked to stop
+        (and no step body starts) while the lease is still its own: a body that
+        checks ``p.stopping`` more often than a quarter of its lease has ended
+        before any other drive can take the run over.
+        """
+        return self.lease_left() <= self.ttl / 4
 
     # -- keep-alive (D17) and the pass's timeout (D19) ----------------------------
 
@@ -288,7 +299,7 @@ class Claim:
         if self.lost:
             raise LeaseLost(f"run {self.run_id}: the lease was taken over; step {step!r} not run")
         self.check_timeout()
-        if self.lease_left() > timedelta(0):
+        if not self.lapsing():
             return
         kept_at, sent = time.monotonic(), self.clock.mark()
         try:

@@ -17,6 +17,8 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.db import connections, transaction
+from django.utils import timezone
 
 from django_jobruns import cancel_job_run, job, keepalive, pause_job_run, run_due_jobs, start_job_run
 from django_jobruns.conf import DEFAULTS
@@ -293,3 +295,43 @@ def test_a_task_sees_stopping_on_sigterm_and_returns_what_it_has(tmp_path, effec
     result.refresh()
     assert result.status == "SUCCESSFUL" and 0 < result.return_value < 100_000
     assert effects.read_text().splitlines() == [f"stopped {result.return_value}"]
+
+
+def test_a_body_whose_renewals_fail_is_asked_to_stop_while_its_lease_is_still_its_own(behaviour):
+    """Another connection holds the run's row (SQLite: the write lock) so that no renewal can land:
+    the body is told to stop (p.stopping) a quarter of a lease before the lease can lapse, so a
+    body that checks it has ended before any other drive may take the run over (D17, D18)."""
+    started, seen_it, done = threading.Event(), threading.Event(), threading.Event()
+    held: dict = {}
+
+    def body(p):
+        started.set()
+        while not p.stopping and not done.is_set():
+            time.sleep(0.02)
+        held["seen"] = timezone.now()
+        seen_it.set()
+        return {"cursor": 1}
+
+    def hold_the_row(run_id):
+        try:
+            with transaction.atomic():
+                JobRun.objects.filter(pk=run_id).update(paused_at=None)  # a row lock; on SQLite the write lock
+                held["expires"] = JobRun.objects.get(pk=run_id).lease_expires_at
+                seen_it.wait(LEASE * 3)
+        finally:
+            connections.close_all()
+
+    behaviour["blocked"] = body
+    run, _ = start_job_run("tests.scripted", instance="blocked")
+    drive = threading.Thread(target=lambda: run_due_jobs(lease_ttl=LEASE) and connections.close_all())
+    drive.start()
+    assert started.wait(30)
+    holder = threading.Thread(target=hold_the_row, args=[run.pk])
+    holder.start()
+    holder.join(LEASE * 4)
+    done.set()
+    drive.join(60)
+    assert "seen" in held, "the body was never asked to stop"
+    # By the one host's clock: the body saw it should stop at least a fifth of a lease before its lease
+    # (as the database holds it, renewals blocked) could lapse.
+    assert held["expires"] - held["seen"] >= timedelta(seconds=LEASE / 5), (held["expires"], held["seen"])

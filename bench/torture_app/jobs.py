@@ -17,7 +17,7 @@ from .kills import CURRENT, maybe_die
 _direct: list[Any] = []
 
 
-def _event(kind: str, run_id: str, step: str | None = None) -> None:
+def _event(kind: str, run_id: str, step: str | None = None, note: str | None = None) -> None:
     # Autocommit, outside the app's transactions: durable the moment it
     # happens, whatever becomes of the step's memo or the pass. On PostgreSQL
     # the server process is recorded too: the commit trigger names it.
@@ -46,10 +46,20 @@ def _event(kind: str, run_id: str, step: str | None = None) -> None:
     backend = {"postgresql": "pg_backend_pid()", "mysql": "CONNECTION_ID()"}.get(connection.vendor, "NULL")
     with connection.cursor() as cur:
         cur.execute(
-            "INSERT INTO torture_events (kind, run_id, step, pid, backend, holder) "
-            f"VALUES (%s, %s, %s, %s, {backend}, %s)",
-            [kind, run_id, step, os.getpid(), default_holder()],
+            "INSERT INTO torture_events (kind, run_id, step, pid, backend, holder, note) "
+            f"VALUES (%s, %s, %s, %s, {backend}, %s, %s)",
+            [kind, run_id, step, os.getpid(), default_holder(), note],
         )
+
+
+def _now() -> str:
+    """This host's clock, which every worker shares: when a body began or saw it should stop.
+
+    A body's end is when its loop saw ``p.stopping``, not when its record was
+    written: on SQLite that write may wait behind a stopped worker's write lock
+    while another worker takes the lapsed lease and starts its own body.
+    """
+    return f"{time.time():.6f}"
 
 
 def _connect_direct(url: str) -> Any:
@@ -115,14 +125,14 @@ def long_walk(p: Any) -> dict[str, Any]:
         def body(name: str = name) -> str:
             maybe_die("step")
             _event("effect", p.run.id, name)
-            _event("body_start", p.run.id, name)
+            _event("body_start", p.run.id, name, _now())
             until = time.monotonic() + random.uniform(2.0, 3.0) * lease  # the slow upstream call
             while time.monotonic() < until:
                 if p.stopping:
-                    _event("body_end", p.run.id, name)
+                    _event("body_end", p.run.id, name, _now())
                     raise StoppedEarly(f"{name} stopped early")
                 time.sleep(0.05)
-            _event("body_end", p.run.id, name)
+            _event("body_end", p.run.id, name, _now())
             maybe_die("effect")
             return name
 
