@@ -44,6 +44,8 @@ class Hour:
     start: datetime
     done: int
     failed: int
+    #: The counts are the planner's estimates: the day ended more than EXACT_UP_TO runs.
+    estimated: bool = False
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,10 @@ class Overview:
         return chart(self.hours)
 
     @property
+    def chart_estimated(self) -> bool:
+        return any(hour.estimated for hour in self.hours)
+
+    @property
     def exact_up_to(self) -> int:
         return EXACT_UP_TO
 
@@ -74,7 +80,8 @@ def overview(rows: Any, now: datetime) -> Overview:
     entries, and a count that reaches it is replaced by the planner's estimate
     (one ``EXPLAIN`` each), as the changelist's total is: at a million runs an
     exact count of the runs in flight would read a quarter of a million entries
-    on every view of the page.
+    on every view of the page. So is the chart's day: past that many runs ended
+    its bars are the planner's estimates (:func:`estimated_per_hour`).
     """
     now = now.astimezone(UTC)
     since = now - timedelta(hours=HOURS)
@@ -117,6 +124,12 @@ def overview(rows: Any, now: datetime) -> Overview:
             params.extend(part)
         where, tail_params = _where(running, rows.db)
         tail = f" FROM {connections[rows.db].ops.quote_name(JobRun._meta.db_table)} WHERE {where}"
+    finished = _ended(rows, now)
+    if bounded:
+        # Whether the chart's day ended more runs than are counted one by one (its bars are estimated then).
+        sql, part = _compiled(finished.values("pk")[: EXACT_UP_TO + 1], rows.db)
+        parts.append(f"(SELECT COUNT(*) FROM ({sql}) counted_finished)")
+        params.extend(part)
     # The due order's own index (jobruns_due_at) leads to the head, on every database.
     sql, part = _compiled(due.in_due_order().values_list("head_since")[:1], rows.db)
     parts.append(f"(SELECT head_since FROM ({sql}) head)")
@@ -124,7 +137,8 @@ def overview(rows: Any, now: datetime) -> Overview:
     with connections[rows.db].cursor() as cur:
         cur.execute("SELECT " + ", ".join(parts) + tail, params + tail_params)
         found = cur.fetchone()
-    counts = dict(zip(counted, (int(n) for n in found[:-1]), strict=True))
+    counts = dict(zip(counted, (int(n) for n in found[: len(counted)]), strict=True))
+    many_finished = bounded and int(found[len(counted)]) > EXACT_UP_TO
     estimated = set()
     for name, n in counts.items():
         if bounded and n > EXACT_UP_TO:
@@ -152,7 +166,7 @@ def overview(rows: Any, now: datetime) -> Overview:
     return Overview(
         tiles=tiles,
         next_due_wait=max((now - waiting_since).total_seconds(), 0.0) if waiting_since is not None else None,
-        hours=finished_per_hour(rows, now),
+        hours=estimated_per_hour(rows, now) if many_finished else finished_per_hour(rows, now),
         next_tick=next_tick(rows.db),
     )
 
@@ -184,11 +198,35 @@ def _where(queryset: Any, using: str) -> tuple[str, list[Any]]:
     return sql, list(params)
 
 
+def _first_hour(now: datetime) -> datetime:
+    return now.astimezone(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=HOURS - 1)
+
+
+def _ended(rows: Any, now: datetime) -> Any:
+    """The runs the chart counts: ended done or failed since the start of its first hour."""
+    return rows.filter(status__in=[Status.DONE, Status.FAILED], ended_at__gte=_first_hour(now))
+
+
+def estimated_per_hour(rows: Any, now: datetime) -> list[Hour]:
+    """The chart's bars from the planner's estimates: one ``EXPLAIN`` per hour and status, no run read.
+
+    For a day that ended more than :data:`EXACT_UP_TO` runs: counting them would
+    read every one (a third of a million a day at ten million retained runs).
+    """
+    first_hour = _first_hour(now)
+    hours = []
+    for index in range(HOURS):
+        start = first_hour + timedelta(hours=index)
+        within = rows.filter(ended_at__gte=start, ended_at__lt=start + timedelta(hours=1)).order_by()
+        done, failed = (estimates.planned_rows(within.filter(status=status)) or 0 for status in (Status.DONE, Status.FAILED))
+        hours.append(Hour(start, done, failed, estimated=True))
+    return hours
+
+
 def finished_per_hour(rows: Any, now: datetime) -> list[Hour]:
     """Runs that ended done and failed in each of the last :data:`HOURS` hours (UTC), oldest first."""
-    top = now.replace(minute=0, second=0, microsecond=0)
-    first_hour = top - timedelta(hours=HOURS - 1)
-    ended = rows.filter(status__in=[Status.DONE, Status.FAILED], ended_at__gte=first_hour)
+    first_hour = _first_hour(now)
+    ended = _ended(rows, now)
     by_hour: dict[datetime, dict[str, int]] = {}
     if connections[rows.db].vendor == "sqlite":
         # Django's TruncHour is a Python function on SQLite, called for each of
@@ -225,8 +263,10 @@ def chart(hours: list[Hour]) -> SafeString:
         failed_height = hour.failed * scale
         done_height = hour.done * scale
         base = height - bottom
+        about = "about " if hour.estimated else ""
         label = (
-            f"{hour.start:%H}:00–{hour.start + timedelta(hours=1):%H}:00 UTC: {hour.done} done, {hour.failed} failed"
+            f"{hour.start:%H}:00–{hour.start + timedelta(hours=1):%H}:00 UTC: "
+            f"{about}{hour.done} done, {hour.failed} failed"
         )
         bars.append(
             format_html(
@@ -254,7 +294,8 @@ def chart(hours: list[Hour]) -> SafeString:
     )
     total_done = sum(h.done for h in hours)
     total_failed = sum(h.failed for h in hours)
-    summary = f"Runs finished per hour, last {len(hours)} hours: {total_done} done, {total_failed} failed"
+    about = "about " if any(h.estimated for h in hours) else ""
+    summary = f"Runs finished per hour, last {len(hours)} hours: {about}{total_done} done, {total_failed} failed"
     return format_html(
         '<svg class="jobruns-chart" viewBox="0 0 {} {}" role="img" aria-labelledby="jobruns-chart-title" '
         'preserveAspectRatio="xMinYMin meet"><title id="jobruns-chart-title">{}</title>'
