@@ -218,7 +218,7 @@ def estimated_per_hour(rows: Any, now: datetime) -> list[Hour]:
     for index in range(HOURS):
         start = first_hour + timedelta(hours=index)
         within = rows.filter(ended_at__gte=start, ended_at__lt=start + timedelta(hours=1)).order_by()
-        done, failed = (estimates.planned_rows(within.filter(status=status)) or 0 for status in (Status.DONE, Status.FAILED))
+        done, failed = (estimates.planned_rows(within.filter(status=s)) or 0 for s in (Status.DONE, Status.FAILED))
         hours.append(Hour(start, done, failed, estimated=True))
     return hours
 
