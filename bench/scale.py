@@ -87,6 +87,9 @@ def pages(size: int) -> dict[str, tuple[str, dict[str, str]]]:
         "search: rare instance": (changelist, {"q": f"supplier-{rare}"}),
         "search: rare error text": (changelist, {"q": f"supplier {rare} reset"}),
         "search: exact id": (changelist, {"q": str(rare).zfill(26)}),
+        # Words no run holds beside a word every failed run holds, a two-letter word and a number.
+        "search: common and absent words": (changelist, {"q": "connection reset by peer 123"}),
+        "search: a word every failed run holds": (changelist, {"q": "reset"}),
         "started-at range (one day)": (
             changelist,
             {"started_at__range__gte": _day(3), "started_at__range__lte": _day(2)},

@@ -310,6 +310,32 @@ def test_a1_large_unfiltered_changelist_pages_by_estimate_not_count(admin_client
     assert any(q["sql"].upper().startswith("SELECT COUNT(") for q in ctx.captured_queries)
 
 
+def test_a_search_that_matches_more_runs_than_are_counted_says_more_than_and_reads_no_further(
+    admin_client, monkeypatch
+):
+    # At ten million runs, a word every failed run holds ("reset") was counted exactly:
+    # a scan of the whole table, 1.8 s, on each view. A search is counted up to
+    # COUNT_SEARCH_UP_TO runs; past it the page says "more than" and its pages stop there.
+    from django_jobruns.admin import EstimatedCountPaginator, JobRunAdmin
+
+    monkeypatch.setattr(EstimatedCountPaginator, "COUNT_SEARCH_UP_TO", 5)
+    monkeypatch.setattr(JobRunAdmin, "list_per_page", 2)
+    finished_runs(8, "common")
+    finished_runs(4, "rarer")
+    with CaptureQueriesContext(connection) as ctx:
+        response = admin_client.get(reverse(CHANGELIST), {"q": "common"})
+    page = response.content.decode()
+    assert response.context["cl"].result_count == 5 and response.context["count_capped"] == 5
+    assert "More than 5 runs match this search" in page
+    (count,) = [q["sql"] for q in ctx.captured_queries if q["sql"].upper().startswith("SELECT COUNT(")]
+    assert "LIMIT 6" in count, count
+    response = admin_client.get(reverse(CHANGELIST), {"q": "rarer"})
+    assert response.context["cl"].result_count == 4 and not response.context["count_capped"]
+    assert "More than" not in response.content.decode()
+    # Its last page is there; the runs past the bound are reached by narrowing the search.
+    assert admin_client.get(reverse(CHANGELIST), {"q": "common", "p": "3"}).status_code == 200
+
+
 @pytest.mark.skipif(connection.vendor != "mysql", reason="InnoDB's estimate is MariaDB's and MySQL's")
 @pytest.mark.django_db(transaction=True)  # ANALYZE TABLE commits
 def test_a1_large_lists_on_mariadb_page_by_innodbs_estimate_not_count(admin_client, monkeypatch):

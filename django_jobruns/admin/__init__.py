@@ -247,6 +247,7 @@ class JobRunAdmin(RunActions):
         if context and "cl" in context:
             paginator = context["cl"].paginator
             context["count_estimated"] = bool(getattr(paginator, "estimated", False))
+            context["count_capped"] = getattr(paginator, "capped", False) and paginator.COUNT_SEARCH_UP_TO
             cl = context["cl"]
             if not cl.has_active_filters and not cl.query and cl.page_num == 1:
                 # The whole queue, on the list an operator lands on (two statements);

@@ -21,11 +21,19 @@ from ..store import estimates
 class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
     """Page a large list by the database's row estimate instead of counting it (``store.estimates``).
 
-    Lists estimated to be small, searched lists (a text search's estimate can
-    be far off) and databases without estimates (SQLite) are counted exactly.
+    Lists estimated to be small and databases without estimates (SQLite) are
+    counted exactly. A searched list (a text search's estimate can be far off)
+    is counted exactly up to :attr:`COUNT_SEARCH_UP_TO` runs, on every database:
+    a word most runs hold would otherwise read the whole table on each view
+    (ten million rows, seconds). Past it the list says "more than" and its pages
+    stop there.
     """
 
     ESTIMATE_ABOVE = 10_000
+    #: A searched list is counted up to this many runs.
+    COUNT_SEARCH_UP_TO = 10_000
+    #: Whether the searched list matched more runs than are counted (``count`` is the bound).
+    capped = False
     #: Whether ``count`` is the planner's estimate (the changelist says so).
     estimated = False
     #: Whether a filtered list may be numbered by its estimate (not a searched one).
@@ -50,6 +58,10 @@ class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
             if len(first) <= self.per_page:
                 self.first_page_rows = first
                 return len(first)
+        if not self.estimate_filtered:
+            found = queryset.order_by()[: self.COUNT_SEARCH_UP_TO + 1].count()
+            self.capped = found > self.COUNT_SEARCH_UP_TO
+            return min(found, self.COUNT_SEARCH_UP_TO)
         if connections[queryset.db].vendor not in estimates.ESTIMATING:
             return int(super().count)
         if queryset.query.where:
