@@ -31,7 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import ROOT, drop_database, fresh_database, median, run_phase, setup_django  # noqa: E402
 
 
-def phase(db: str, which: str, tasks: int, latency: int, sqlite_mode: str = "wal") -> dict[str, float]:
+def phase(
+    db: str, which: str, tasks: int, latency: int, sqlite_mode: str = "wal", concurrency: int = 1
+) -> dict[str, float]:
     os.environ["BENCH_TASKS"] = which
     name = f"bench_tasks_{which}"
     url = fresh_database(db, name)
@@ -46,7 +48,7 @@ def phase(db: str, which: str, tasks: int, latency: int, sqlite_mode: str = "wal
         def finished() -> int:
             return JobRun.objects.filter(status__in=["done", "failed"]).count()
 
-        command = ["run_due_jobs", "--max-seconds", "600", "--limit", "50"]
+        command = ["run_due_jobs", "--max-seconds", "600", "--limit", "50", "--concurrency", str(concurrency)]
     else:
         from django_tasks_db.models import DBTaskResult
 
@@ -108,11 +110,21 @@ def main() -> int:
     parser.add_argument("--latency", type=int, default=15)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--sqlite-mode", choices=["wal", "rollback"], default="wal")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=0,
+        help="instead of the peer: this app's worker with --concurrency N against --concurrency 1, interleaved",
+    )
     parser.add_argument("--phase", choices=["ours", "peer"], help=argparse.SUPPRESS)
+    parser.add_argument("--phase-concurrency", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.phase:
-        print(json.dumps(phase(args.db, args.phase, args.tasks, args.latency, args.sqlite_mode)))
+        figures = phase(args.db, args.phase, args.tasks, args.latency, args.sqlite_mode, args.phase_concurrency)
+        print(json.dumps(figures))
         return 0
+    if args.concurrency:
+        return compare_concurrency(args)
     results: dict[str, list[dict[str, float]]] = {"ours": [], "peer": []}
     for round_ in range(args.rounds):
         order = ["ours", "peer"] if round_ % 2 == 0 else ["peer", "ours"]
@@ -130,6 +142,24 @@ def main() -> int:
         f"ours_tasks_per_s={ours_rate:.0f} "
         f"peer_tasks_per_s={peer_rate:.0f} throughput_ratio={ours_rate / peer_rate:.2f} "
         f"ours_latency_p50_s={ours_p50:.3f} peer_latency_p50_s={peer_p50:.3f}"
+    )
+    return 0
+
+
+def compare_concurrency(args: argparse.Namespace) -> int:
+    """This app's worker driving N runs at once against one at a time, rounds interleaved."""
+    rates: dict[int, list[float]] = {1: [], args.concurrency: []}
+    for round_ in range(args.rounds):
+        order = [1, args.concurrency] if round_ % 2 == 0 else [args.concurrency, 1]
+        for n in order:
+            sizes = ["--tasks", str(args.tasks), "--latency", "1", "--sqlite-mode", args.sqlite_mode]
+            figures = run_phase("tasks.py", "--db", args.db, "--phase", "ours", "--phase-concurrency", str(n), *sizes)
+            rates[n].append(figures["tasks_per_s"])
+            print(f"round {round_ + 1} concurrency {n}: {json.dumps(figures)}", flush=True)
+    one, many = median(rates[1]), median(rates[args.concurrency])
+    print(
+        f"db={args.db} tasks={args.tasks} rounds={args.rounds} concurrency_1_tasks_per_s={one:.0f} "
+        f"concurrency_{args.concurrency}_tasks_per_s={many:.0f} ratio={many / one:.2f}"
     )
     return 0
 
