@@ -12,7 +12,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
@@ -235,9 +235,18 @@ class _Drive:
         else:
             # Windowed: a claim is taken as its work starts, never for the whole
             # batch up front, so the tail of a long batch does not expire unworked.
+            # Each thread keeps its connection for the round's runs it takes, and
+            # closes it when none is left: a connection per run cost more than a
+            # no-op task's pass (four threads drove 0.4 of one thread's tasks/s).
+            queue = iter(rows)
+            taking = threading.Lock()
+
+            def worker() -> None:
+                self.work_in_thread(queue, taking)
+
             with ThreadPoolExecutor(max_workers=options.concurrency, thread_name_prefix="jobruns") as pool:
-                for _ in pool.map(self.handle_in_thread, rows):
-                    pass
+                for done in [pool.submit(worker) for _ in range(min(options.concurrency, len(rows)))]:
+                    done.result()
         return report.attempted > attempted
 
     def stopping(self) -> bool:
@@ -255,10 +264,16 @@ class _Drive:
         """Whether the passes in flight should end early (D18): the stop signal is set, or the budget spent."""
         return self.asked_to_stop() or (self.deadline is not None and time.monotonic() >= self.deadline)
 
-    def handle_in_thread(self, row: DueRow) -> bool:
+    def work_in_thread(self, rows: Iterator[DueRow], taking: threading.Lock) -> None:
+        """Take the round's runs one after another until none is left or the drive stops; then close this
+        thread's connection."""
         try:
             with watchdog.bounding(self.options.statement_bound), telemetry.attached(self.parent):
-                return self.handle(row)
+                while True:
+                    with taking:
+                        row = next(rows, None)
+                    if row is None or not self.handle(row):
+                        return
         finally:
             db.connection().close()
 
