@@ -327,7 +327,11 @@ def test_a_search_that_matches_more_runs_than_are_counted_says_more_than_and_rea
     page = response.content.decode()
     assert response.context["cl"].result_count == 5 and response.context["count_capped"] == 5
     assert "More than 5 runs match this search" in page
-    (count,) = [q["sql"] for q in ctx.captured_queries if q["sql"].upper().startswith("SELECT COUNT(")]
+    (count,) = [
+        q["sql"]
+        for q in ctx.captured_queries
+        if q["sql"].upper().startswith("SELECT COUNT(") and not q["sql"].endswith(") candidates")
+    ]  # (MariaDB's search first asks whether its words are common: a count of its own)
     assert "LIMIT 6" in count, count
     response = admin_client.get(reverse(CHANGELIST), {"q": "rarer"})
     assert response.context["cl"].result_count == 4 and not response.context["count_capped"]
@@ -617,7 +621,8 @@ def test_the_overview_counts_each_state_and_charts_the_last_days_finished_runs(a
     with CaptureQueriesContext(connection) as landing:
         admin_client.get(reverse(CHANGELIST))
     overview_reads = [q["sql"] for q in landing.captured_queries if "COUNT(*) FROM (SELECT" in q["sql"]]
-    assert len(overview_reads) == 1 and not any("COUNT(*) FROM (SELECT" in q["sql"] for q in plain.captured_queries)
+    searched = [q["sql"] for q in plain.captured_queries if "jobruns_search_gram" not in q["sql"]]
+    assert len(overview_reads) == 1 and not any("COUNT(*) FROM (SELECT" in sql for sql in searched)
 
 
 def test_the_overviews_large_counts_are_the_databases_estimate_and_its_reads_are_bounded(admin_client, monkeypatch):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from importlib import import_module
 
 import pytest
 from django.contrib.admin.sites import site
@@ -168,6 +169,26 @@ def test_mariadb_search_looks_up_sequences_by_their_index(admin_client):
 
 
 @mysql_only
+def test_mariadb_words_in_too_many_runs_are_searched_among_the_newest_that_hold_them(admin_client, monkeypatch):
+    # A word every failed run holds ("reset") made every one of them a candidate, sorted
+    # for each page: 3.6 s at a million runs. Past MAX_CANDIDATES the search looks among
+    # the newest that many runs holding the words, and the page says so.
+    search = import_module("django_jobruns.admin.search")
+    monkeypatch.setattr(search, "MAX_CANDIDATES", 4)
+    runs = [run_with(f"supplier-{n}", f"UpstreamUnavailable: supplier {n} reset") for n in range(7)]
+    run_with("other-1", "TimeoutError: slow")
+    newest = {run.instance for run in sorted(runs, key=lambda r: r.pk)[-4:]}
+    response = admin_client.get(reverse(CHANGELIST), {"q": "reset"})
+    shown = {run.instance for run in response.context["cl"].result_list}
+    assert shown == newest, (shown, newest)
+    assert "the search looked among the newest 4 of them" in response.content.decode()
+    # Words few runs hold are searched in full, and the page says nothing of a bound.
+    response = admin_client.get(reverse(CHANGELIST), {"q": "slow"})
+    assert {run.instance for run in response.context["cl"].result_list} == {"other-1"}
+    assert "the search looked among" not in response.content.decode()
+
+
+@mysql_only
 def test_mariadb_sequences_follow_starts_errors_and_prunes():
     run = run_with("keeper-1")
     gone = run_with("pruned-1", "Boom: will be pruned", ended_days_ago=10)
@@ -201,7 +222,6 @@ def test_mariadb_search_table_is_kept_by_triggers():
 @mysql_only
 def test_mariadb_sequences_of_a_text_longer_than_the_positions_table():
     # The trigger selects the first sequences from a table of positions and loops over the rest.
-    from importlib import import_module
 
     positions = import_module("django_jobruns.migrations.0010_mysql_search").POSITIONS
     tail = "needle-at-the-end"
@@ -215,7 +235,6 @@ def test_mariadb_sequences_of_a_text_longer_than_the_positions_table():
 def test_mariadb_search_migration_run_again_keeps_its_index():
     # A migration that died after creating its triggers is run again: it must
     # make them afresh, not fail on them and leave the search without its index.
-    from importlib import import_module
 
     from django.apps import apps
 

@@ -218,7 +218,11 @@ class JobRunAdmin(RunActions):
             return queryset.filter(pk=term), False
         # The index narrows to the candidates (SQLite: FTS5 trigrams); Django's
         # own conditions, which PostgreSQL's trigram indexes serve, decide.
-        return super().get_search_results(request, search.narrow(queryset, search_term), search_term)
+        bound: list[int] = []
+        narrowed = search.narrow(queryset, search_term, bound)
+        if bound and request is not None:
+            setattr(request, "jobruns_search_bound", bound[0])  # noqa: B010 -- for the page to say so
+        return super().get_search_results(request, narrowed, search_term)
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return JobRunChangeList
@@ -248,6 +252,7 @@ class JobRunAdmin(RunActions):
             paginator = context["cl"].paginator
             context["count_estimated"] = bool(getattr(paginator, "estimated", False))
             context["count_capped"] = getattr(paginator, "capped", False) and paginator.COUNT_SEARCH_UP_TO
+            context["search_bound"] = getattr(request, "jobruns_search_bound", None)
             cl = context["cl"]
             if not cl.has_active_filters and not cl.query and cl.page_num == 1:
                 # The whole queue, on the list an operator lands on (two statements);
