@@ -621,7 +621,8 @@ def test_the_overview_counts_each_state_and_charts_the_last_days_finished_runs(a
     with CaptureQueriesContext(connection) as landing:
         admin_client.get(reverse(CHANGELIST))
     overview_reads = [q["sql"] for q in landing.captured_queries if "COUNT(*) FROM (SELECT" in q["sql"]]
-    searched = [q["sql"] for q in plain.captured_queries if "jobruns_search_gram" not in q["sql"]]
+    # (SQLite's and MariaDB's searches first ask of their index whether the words are common.)
+    searched = [q["sql"] for q in plain.captured_queries if "jobruns_search" not in q["sql"]]
     assert len(overview_reads) == 1 and not any("COUNT(*) FROM (SELECT" in sql for sql in searched)
 
 

@@ -15,9 +15,15 @@ still decide, so what a search finds is exactly what Django's search finds.
   to say about shorter ones), then the ``LIKE`` conditions apply.
 - MariaDB/MySQL: no substring index exists there, so migration 0010 keeps a
   table of each run's three-character sequences (``jobruns_search_gram``, one
-  row per distinct sequence and run) by triggers. A search narrows the runs to
-  those holding a handful of the sequences of each word, found by a join the
-  optimizer starts from the rarest; then the ``LIKE`` conditions apply.
+  row per distinct sequence and run) by triggers. A search counts how many runs
+  hold each of a few sequences of each word (each count bounded), then narrows
+  the runs to those holding the rarest ones, by a join that starts from the
+  rarest; then the ``LIKE`` conditions apply.
+
+On both, words so common that more than :data:`MAX_CANDIDATES` runs are
+candidates are searched among the newest that many candidates (the index read
+newest first, stopping there), and the page says so: reading and sorting every
+run that holds a word most runs hold cost seconds on each view.
 
 The indexes themselves, and the hook that opens SQLite's on each new
 connection, are the store's (:mod:`django_jobruns.store.search_index`): the
@@ -30,6 +36,8 @@ search never shows a run whose text does not match, whatever the index holds.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from django.db import DatabaseError, connections
 from django.db.models import QuerySet
@@ -61,9 +69,11 @@ def words(term: str) -> list[str]:
 def narrow(queryset: QuerySet[JobRun], term: str, bounded: list[int] | None = None) -> QuerySet[JobRun]:
     """Narrow ``queryset`` to the runs the search index says may match ``term`` (PostgreSQL: unchanged).
 
-    On MariaDB/MySQL, words so common that more than :data:`MAX_CANDIDATES`
-    runs hold their sequences are searched among the newest that many of
-    them; ``bounded`` (if given) is then told the bound, for the page to say so.
+    Words so common that more than :data:`MAX_CANDIDATES` runs are candidates
+    (SQLite, MariaDB/MySQL) are searched among the newest that many of them:
+    every candidate was read and sorted for each view of the page (0.9 s on
+    SQLite, 3.6 s on MariaDB for a word every failed run holds, at a million
+    runs). ``bounded`` (if given) is then told the bound, for the page to say so.
     """
     alias = queryset.db
     if connections[alias].vendor not in ("sqlite", "mysql"):
@@ -81,11 +91,26 @@ def narrow(queryset: QuerySet[JobRun], term: str, bounded: list[int] | None = No
     # Each word a phrase of its trigrams, all of them required, in either column.
     match = " AND ".join('"' + word.replace('"', '""') + '"' for word in indexable)
     quote = connections[alias].ops.quote_name
-    table = quote(JobRun._meta.db_table)
+    table, index = quote(JobRun._meta.db_table), quote(TABLE)
+    candidates = f"SELECT rowid FROM {index} WHERE {index} MATCH %s"
+    if _more_than(alias, candidates, [match]):
+        # The newest by rowid, which follows the runs' inserts as their ids do; FTS5 reads its
+        # index in descending rowid order and stops there.
+        candidates = f"SELECT rowid FROM ({candidates} ORDER BY rowid DESC LIMIT {MAX_CANDIDATES}) newest"
+        if bounded is not None:
+            bounded.append(MAX_CANDIDATES)
     return queryset.extra(  # noqa: S610 -- the only way to name SQLite's rowid; the term is a parameter
-        where=[f"{table}.rowid IN (SELECT rowid FROM {quote(TABLE)} WHERE {quote(TABLE)} MATCH %s)"],
+        where=[f"{table}.rowid IN ({candidates})"],
         params=[match],
     )
+
+
+def _more_than(alias: str, candidates: str, params: list[Any]) -> bool:
+    """Whether ``candidates`` holds more than :data:`MAX_CANDIDATES` rows, read no further than that."""
+    with connections[alias].cursor() as cur:
+        cur.execute(f"SELECT COUNT(*) FROM ({candidates} LIMIT {MAX_CANDIDATES + 1}) candidates", params)
+        (found,) = cur.fetchone()
+    return bool(found > MAX_CANDIDATES)
 
 
 def _spread(word: str) -> list[str]:
@@ -94,47 +119,60 @@ def _spread(word: str) -> list[str]:
     return list(dict.fromkeys([grams[-1], grams[0], grams[len(grams) // 2], *grams]))
 
 
-def chosen_grams(words: list[str]) -> list[str]:
-    """The sequences a search looks up: taken from each word in turn, at most ``MAX_GRAMS``.
+def chosen_grams(words: list[str], most: int = MAX_GRAMS) -> list[str]:
+    """Sequences of the words, taken from each word in turn, at most ``most``.
 
     Any of a word's sequences is present in every run that holds the word, so a
     few of them narrow as safely as all; spread over the word and over the
-    words, they likely include a rare one, from which the join starts.
+    words, they likely include a rare one.
     """
     queues = [_spread(word) for word in words]
     chosen: list[str] = []
-    while any(queues) and len(chosen) < MAX_GRAMS:
+    while any(queues) and len(chosen) < most:
         for queue in queues:
-            if queue and len(chosen) < MAX_GRAMS:
+            if queue and len(chosen) < most:
                 gram = queue.pop(0)
                 if gram not in chosen:
                     chosen.append(gram)
     return chosen
 
 
+def rarest_grams(alias: str, words: list[str]) -> tuple[list[str], int]:
+    """The :data:`MAX_GRAMS` rarest of the words' sequences (up to twice that many looked at), rarest first,
+    and how many runs hold the rarest (counted no further than :data:`MAX_CANDIDATES` + 1).
+
+    One statement: a bounded count of each sequence's index range. A long
+    instance shares its prefix's sequences with every run; its distinctive
+    ones are further in.
+    """
+    grams = chosen_grams(words, 2 * MAX_GRAMS)
+    bounded = f"SELECT 1 FROM {GRAMS} WHERE gram = %s LIMIT {MAX_CANDIDATES + 1}"
+    counts = ", ".join(f"(SELECT COUNT(*) FROM ({bounded}) c{n})" for n in range(len(grams)))
+    with connections[alias].cursor() as cur:
+        cur.execute(f"SELECT {counts}", grams)
+        found = cur.fetchone()
+    ranked = sorted(zip(found, range(len(grams)), grams, strict=True))
+    return [gram for _, _, gram in ranked[:MAX_GRAMS]], int(ranked[0][0])
+
+
 def _narrow_by_grams(
     queryset: QuerySet[JobRun], indexable: list[str], bounded: list[int] | None = None
 ) -> QuerySet[JobRun]:
-    """The runs holding every chosen sequence: all of them, or the newest :data:`MAX_CANDIDATES` when more do.
+    """The runs holding each of the rarest sequences: all of them, or the newest :data:`MAX_CANDIDATES` when more do.
 
-    Whether more do is one bounded read of the join (the optimizer starts it
-    from the rarest sequence and it stops at ``MAX_CANDIDATES + 1`` rows). Few:
-    the join narrows the page's queries as it is. Many: the join is read along
-    the first sequence's index in run order, newest first, and stops there --
-    sorting a quarter of a million candidates for each page was 3.6 s at a
-    million runs.
+    The join starts from the rarest sequence. When even that one is held by
+    more runs than the bound, a bounded read of the join says whether the
+    candidates are many; if so the join is read along the rarest sequence's
+    index in run order, newest first, and stops at the bound.
     """
-    grams = chosen_grams(indexable)
-    wrapper = connections[queryset.db]
-    quote = wrapper.ops.quote_name
+    alias = queryset.db
+    grams, rarest = rarest_grams(alias, indexable)
+    quote = connections[alias].ops.quote_name
     table, pk = quote(JobRun._meta.db_table), quote(str(JobRun._meta.pk.column))
     joins = " ".join(f"JOIN {GRAMS} g{n} ON g{n}.gram = %s AND g{n}.run_id = g0.run_id" for n in range(1, len(grams)))
     join = f"SELECT g0.run_id FROM {GRAMS} g0 {joins} WHERE g0.gram = %s"
     params = [*grams[1:], grams[0]]
-    with wrapper.cursor() as cur:
-        cur.execute(f"SELECT COUNT(*) FROM ({join} LIMIT {MAX_CANDIDATES + 1}) candidates", params)
-        (found,) = cur.fetchone()
-    if found > MAX_CANDIDATES:
+    if rarest > MAX_CANDIDATES and _more_than(alias, join, params):
         join = f"SELECT run_id FROM ({join} ORDER BY g0.run_id DESC LIMIT {MAX_CANDIDATES}) newest"
         if bounded is not None:
             bounded.append(MAX_CANDIDATES)
