@@ -233,19 +233,12 @@ class _Drive:
                     contended = True
                     random.shuffle(pending)
         else:
-            # Windowed: a claim is taken as its work starts, never for the whole
-            # batch up front, so the tail of a long batch does not expire unworked.
-            # Each thread keeps its connection for the round's runs it takes, and
-            # closes it when none is left: a connection per run cost more than a
-            # no-op task's pass (four threads drove 0.4 of one thread's tasks/s).
-            queue = iter(rows)
-            taking = threading.Lock()
-
-            def worker() -> None:
-                self.work_in_thread(queue, taking)
-
-            with ThreadPoolExecutor(max_workers=options.concurrency, thread_name_prefix="jobruns") as pool:
-                for done in [pool.submit(worker) for _ in range(min(options.concurrency, len(rows)))]:
+            # Windowed: a claim is taken as its work starts, never for the whole batch up front, so
+            # the tail of a long batch does not expire unworked. Each thread keeps its connection for
+            # the runs it takes (one per run cost more than a no-op task's pass).
+            left, threads = iter(rows), min(options.concurrency, len(rows))
+            with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="jobruns") as pool:
+                for done in [pool.submit(self.work_in_thread, left) for _ in range(threads)]:
                     done.result()
         return report.attempted > attempted
 
@@ -264,13 +257,12 @@ class _Drive:
         """Whether the passes in flight should end early (D18): the stop signal is set, or the budget spent."""
         return self.asked_to_stop() or (self.deadline is not None and time.monotonic() >= self.deadline)
 
-    def work_in_thread(self, rows: Iterator[DueRow], taking: threading.Lock) -> None:
-        """Take the round's runs one after another until none is left or the drive stops; then close this
-        thread's connection."""
+    def work_in_thread(self, rows: Iterator[DueRow]) -> None:
+        """Drive the round's runs one after another until none is left or the drive stops; then close the connection."""
         try:
             with watchdog.bounding(self.options.statement_bound), telemetry.attached(self.parent):
                 while True:
-                    with taking:
+                    with self.slots_lock:  # the round's runs left are shared as its slots are
                         row = next(rows, None)
                     if row is None or not self.handle(row):
                         return
@@ -370,7 +362,7 @@ class _Drive:
             last = number == max_passes or self.stopping()
             outcome = run_pass(run, job, claim, release=last, ledger=ledger, telemetry=self.telemetry)
             if outcome.status is Outcome.STEPPED_OVER:
-                self._stepped_over(run, outcome)
+                self.report.stepped_over(run.id, outcome, run.title)
                 return True
             self.report.record(run.id, outcome, run.title)
             if claim.timed_out:
@@ -385,17 +377,6 @@ class _Drive:
                 return False  # paused by an operator meanwhile: give it back (in ``finally``)
             ledger = {}  # the commit dropped it
         return False
-
-    def _stepped_over(self, run: JobRun, outcome: Any) -> None:
-        """Count and name a run this process gave back untouched (a task it cannot import), once per drive."""
-        label = run.title
-        with self.report._lock:
-            seen = self.report.unregistered_runs.setdefault(label, set())
-            first = not seen
-            seen.add(run.id)
-        self.report.record(run.id, outcome, label)
-        if first:
-            logger.warning("due run(s) of %s are not driven: %s; e.g. run %s", label, outcome.error, run.id)
 
     def release(self, claim: Claim) -> None:
         """Give the lease back; a connection lost under it is replaced and the release made again (D15).

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import enum
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from .outcomes import PassOutcome
+
+logger = logging.getLogger("django_jobruns")
 
 
 class Count(enum.Enum):
@@ -96,6 +99,16 @@ class DriveReport:
                 self.errors.append((run_id, outcome.error))
             if outcome.warning is not None:
                 self.warnings.append(f"run {run_id}: {outcome.warning}")
+
+    def stepped_over(self, run_id: str, outcome: PassOutcome, title: str) -> None:
+        """A run this process gave back untouched (a task it cannot import): counted, and named once per drive."""
+        with self._lock:
+            seen = self.unregistered_runs.setdefault(title, set())
+            first = not seen
+            seen.add(run_id)
+        self.record(run_id, outcome, title)
+        if first:
+            logger.warning("due run(s) of %s are not driven: %s; e.g. run %s", title, outcome.error, run_id)
 
     def not_recorded(self, run_id: str, message: str) -> None:
         with self._lock:
