@@ -21,7 +21,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -100,6 +102,17 @@ def pages(size: int) -> dict[str, tuple[str, dict[str, str]]]:
     }
 
 
+def rounds(targets: dict[str, Callable[[], Any]], count: int) -> dict[str, list[float]]:
+    """Each target rendered ``count`` times, interleaved: its times in ms."""
+    times: dict[str, list[float]] = {name: [] for name in targets}
+    for _ in range(count):
+        for name, fn in targets.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append((time.perf_counter() - t0) * 1000)
+    return times
+
+
 def _day(days_ago: int) -> str:
     from datetime import date, timedelta
 
@@ -151,7 +164,6 @@ def main() -> int:
     targets["job_runs(instance=…)"] = lambda: job_runs(instance=f"supplier-{rare}")
     targets["job_runs(status='failed')"] = lambda: job_runs(status="failed")
     targets["job_runs(job='demo.import_catalog')"] = lambda: job_runs(job="demo.import_catalog")
-    times: dict[str, list[float]] = {name: [] for name in targets}
     queries: dict[str, int] = {}
     plans: dict[str, str] = {}
     for name, fn in targets.items():  # warm-up, counted and explained once
@@ -172,11 +184,7 @@ def main() -> int:
                     + main_query
                 )
                 plans[name] = "\n".join(" ".join(str(c) for c in row) for row in cur.fetchall())
-    for _ in range(args.rounds):
-        for name, fn in targets.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append((time.perf_counter() - t0) * 1000)
+    times = rounds(targets, args.rounds)
     print(f"\n| page ({args.size:,} runs, {connection.vendor}) | median ms | queries |")
     print("|---|---|---|")
     for name in targets:
@@ -198,21 +206,11 @@ def main() -> int:
     print(f"\nprune --older-than 8: deleted={deleted} seconds={seconds:.1f} rows_per_s={deleted / seconds:.0f}")
     # The pages again, on what the prune left (its dead rows not yet vacuumed away): the first
     # view of each, as an operator opens it just after, then the median of the rounds.
-    first = {}
-    for name, fn in targets.items():
-        t0 = time.perf_counter()
-        fn()
-        first[name] = (time.perf_counter() - t0) * 1000
-    after: dict[str, list[float]] = {name: [] for name in targets}
-    for _ in range(args.rounds):
-        for name, fn in targets.items():
-            t0 = time.perf_counter()
-            fn()
-            after[name].append((time.perf_counter() - t0) * 1000)
+    first, after = rounds(targets, 1), rounds(targets, args.rounds)
     print(f"\n| page, after the prune ({JobRun.objects.count():,} runs left) | first view ms | median ms |")
     print("|---|---|---|")
     for name in targets:
-        print(f"| {name} | {first[name]:.0f} | {median(after[name]):.0f} |")
+        print(f"| {name} | {first[name][0]:.0f} | {median(after[name]):.0f} |")
     connection.close()
     drop_database(args.db, "bench_scale")
     return 0

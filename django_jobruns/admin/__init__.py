@@ -218,10 +218,9 @@ class JobRunAdmin(RunActions):
             return queryset.filter(pk=term), False
         # The index narrows to the candidates (SQLite: FTS5 trigrams); Django's
         # own conditions, which PostgreSQL's trigram indexes serve, decide.
-        bound: list[int] = []
-        narrowed = search.narrow(queryset, search_term, bound)
-        if bound and request is not None:
-            setattr(request, "jobruns_search_bound", bound[0])  # noqa: B010 -- for the page to say so
+        narrowed, bound = search.narrow(queryset, search_term)
+        if bound is not None and request is not None:
+            setattr(request, "jobruns_search_bound", bound)  # noqa: B010 -- for the page to say so
         return super().get_search_results(request, narrowed, search_term)
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:

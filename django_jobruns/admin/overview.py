@@ -124,10 +124,9 @@ def overview(rows: Any, now: datetime) -> Overview:
             params.extend(part)
         where, tail_params = _where(running, rows.db)
         tail = f" FROM {connections[rows.db].ops.quote_name(JobRun._meta.db_table)} WHERE {where}"
-    finished = _ended(rows, now)
     if bounded:
         # Whether the chart's day ended more runs than are counted one by one (its bars are estimated then).
-        sql, part = _compiled(finished.values("pk")[: EXACT_UP_TO + 1], rows.db)
+        sql, part = _compiled(_ended(rows, now).values("pk")[: EXACT_UP_TO + 1], rows.db)
         parts.append(f"(SELECT COUNT(*) FROM ({sql}) counted_finished)")
         params.extend(part)
     # The due order's own index (jobruns_due_at) leads to the head, on every database.

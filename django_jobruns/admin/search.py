@@ -48,8 +48,8 @@ from ..store.search_index import GRAMS, TABLE, has_index
 
 #: At most this many sequences are looked up for one search (a join each).
 MAX_GRAMS = 8
-#: Words held by more runs than this are searched among the newest this many that hold them
-#: (MariaDB/MySQL): every run holding them was a candidate, sorted, on each view of the page.
+#: Words whose candidates are more than this many are searched among the newest this many
+#: (SQLite, MariaDB/MySQL): every candidate was read and sorted on each view of the page.
 MAX_CANDIDATES = 10_000
 #: The words a trigram index can find: three characters or more.
 MIN_WORD = 3
@@ -66,51 +66,56 @@ def words(term: str) -> list[str]:
     return found
 
 
-def narrow(queryset: QuerySet[JobRun], term: str, bounded: list[int] | None = None) -> QuerySet[JobRun]:
+def narrow(queryset: QuerySet[JobRun], term: str) -> tuple[QuerySet[JobRun], int | None]:
     """Narrow ``queryset`` to the runs the search index says may match ``term`` (PostgreSQL: unchanged).
 
     Words so common that more than :data:`MAX_CANDIDATES` runs are candidates
     (SQLite, MariaDB/MySQL) are searched among the newest that many of them:
     every candidate was read and sorted for each view of the page (0.9 s on
     SQLite, 3.6 s on MariaDB for a word every failed run holds, at a million
-    runs). ``bounded`` (if given) is then told the bound, for the page to say so.
+    runs). Returned beside the queryset: that bound when it applied, for the
+    page to say so, else ``None``.
     """
     alias = queryset.db
     if connections[alias].vendor not in ("sqlite", "mysql"):
-        return queryset
+        return queryset, None
     indexable = [word for word in words(term) if len(word) >= MIN_WORD]
     if not indexable:
-        return queryset
+        return queryset, None
     try:
         if not has_index(alias):
-            return queryset
+            return queryset, None
     except DatabaseError:
-        return queryset
+        return queryset, None
     if connections[alias].vendor == "mysql":
-        return _narrow_by_grams(queryset, indexable, bounded)
+        return _narrow_by_grams(queryset, indexable)
     # Each word a phrase of its trigrams, all of them required, in either column.
     match = " AND ".join('"' + word.replace('"', '""') + '"' for word in indexable)
     quote = connections[alias].ops.quote_name
     table, index = quote(JobRun._meta.db_table), quote(TABLE)
-    candidates = f"SELECT rowid FROM {index} WHERE {index} MATCH %s"
-    if _more_than(alias, candidates, [match]):
-        # The newest by rowid, which follows the runs' inserts as their ids do; FTS5 reads its
-        # index in descending rowid order and stops there.
-        candidates = f"SELECT rowid FROM ({candidates} ORDER BY rowid DESC LIMIT {MAX_CANDIDATES}) newest"
-        if bounded is not None:
-            bounded.append(MAX_CANDIDATES)
-    return queryset.extra(  # noqa: S610 -- the only way to name SQLite's rowid; the term is a parameter
+    # The newest by rowid, which follows the runs' inserts as their ids do; FTS5 reads its
+    # index in descending rowid order and stops there.
+    candidates, bound = _newest_if_many(alias, f"SELECT rowid FROM {index} WHERE {index} MATCH %s", [match], "rowid")
+    narrowed = queryset.extra(  # noqa: S610 -- the only way to name SQLite's rowid; the term is a parameter
         where=[f"{table}.rowid IN ({candidates})"],
         params=[match],
     )
+    return narrowed, bound
 
 
-def _more_than(alias: str, candidates: str, params: list[Any]) -> bool:
-    """Whether ``candidates`` holds more than :data:`MAX_CANDIDATES` rows, read no further than that."""
+def _newest_if_many(alias: str, candidates: str, params: list[Any], order: str) -> tuple[str, int | None]:
+    """``candidates`` (one column), or, when they are more than :data:`MAX_CANDIDATES`, the newest that
+    many by ``order``; and the bound when it applied.
+
+    Whether they are more is one read of at most :data:`MAX_CANDIDATES` + 1 of them.
+    """
     with connections[alias].cursor() as cur:
         cur.execute(f"SELECT COUNT(*) FROM ({candidates} LIMIT {MAX_CANDIDATES + 1}) candidates", params)
         (found,) = cur.fetchone()
-    return bool(found > MAX_CANDIDATES)
+    if found <= MAX_CANDIDATES:
+        return candidates, None
+    column = order.rpartition(".")[2]
+    return f"SELECT {column} FROM ({candidates} ORDER BY {order} DESC LIMIT {MAX_CANDIDATES}) newest", MAX_CANDIDATES
 
 
 def _spread(word: str) -> list[str]:
@@ -155,9 +160,7 @@ def rarest_grams(alias: str, words: list[str]) -> tuple[list[str], int]:
     return [gram for _, _, gram in ranked[:MAX_GRAMS]], int(ranked[0][0])
 
 
-def _narrow_by_grams(
-    queryset: QuerySet[JobRun], indexable: list[str], bounded: list[int] | None = None
-) -> QuerySet[JobRun]:
+def _narrow_by_grams(queryset: QuerySet[JobRun], indexable: list[str]) -> tuple[QuerySet[JobRun], int | None]:
     """The runs holding each of the rarest sequences: all of them, or the newest :data:`MAX_CANDIDATES` when more do.
 
     The join starts from the rarest sequence. When even that one is held by
@@ -172,11 +175,10 @@ def _narrow_by_grams(
     joins = " ".join(f"JOIN {GRAMS} g{n} ON g{n}.gram = %s AND g{n}.run_id = g0.run_id" for n in range(1, len(grams)))
     join = f"SELECT g0.run_id FROM {GRAMS} g0 {joins} WHERE g0.gram = %s"
     params = [*grams[1:], grams[0]]
-    if rarest > MAX_CANDIDATES and _more_than(alias, join, params):
-        join = f"SELECT run_id FROM ({join} ORDER BY g0.run_id DESC LIMIT {MAX_CANDIDATES}) newest"
-        if bounded is not None:
-            bounded.append(MAX_CANDIDATES)
-    return queryset.extra(  # noqa: S610 -- a join over the sequences table, which has no model; terms are parameters
+    # Few runs hold the rarest sequence: so few are candidates, and no count is needed to know it.
+    join, bound = _newest_if_many(alias, join, params, "g0.run_id") if rarest > MAX_CANDIDATES else (join, None)
+    narrowed = queryset.extra(  # noqa: S610 -- a join over the sequences table, which has no model; terms are parameters
         where=[f"{table}.{pk} IN ({join})"],
         params=params,
     )
+    return narrowed, bound
