@@ -133,6 +133,9 @@ class Claim:
     undo: list[tuple[str, list[Any]]] = field(default_factory=list)
     #: Called once the ending write held (committed): a task's ``task_finished`` signal.
     after_written: list[Callable[[], None]] = field(default_factory=list)
+    #: The claim of the drive's next run (``following.Following``), written with this claim's ending write.
+    following: Any = None
+    _riding: Any = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
@@ -153,7 +156,13 @@ class Claim:
         claimed = store().claim(row, fence, holder, Expiry(clock.lease_now(), ttl), now, charge=charge, also=also)
         if claimed is None:
             return None
-        claim = cls(row.id, holder, fence, ttl, clock, sent, took_over_from=row.holder, kept_at=kept_at)
+        return cls.taken(row, claimed, holder, ttl, clock, sent, kept_at, now, undo)
+
+    @classmethod
+    def taken(cls, row: DueRow, claimed: ClaimedRow, holder: str, ttl: timedelta, clock: Clock, *at: Any) -> Claimed:
+        """The claim a statement took, ``at`` its (sent, kept_at, now, undo): kept alive from now on (D17)."""
+        sent, kept_at, now, undo = at
+        claim = cls(row.id, holder, row.fence + 1, ttl, clock, sent, took_over_from=row.holder, kept_at=kept_at)
         claim.taken_at, claim.undo = now, undo
         keepalive.keep(claim)
         return Claimed(claim, claimed)
@@ -162,8 +171,17 @@ class Claim:
         """Write this statement with the claim's ending write, in its transaction, if the fence holds."""
         self.riders.append((text, params))
 
+    def _ending_riders(self) -> list[Any]:
+        """The riders of the claim's ending write: its own, then the claim of the drive's next run."""
+        riders, self.riders = self.riders, []
+        self._riding, self.following = self.following, None
+        return riders if self._riding is None else [*riders, self._riding]
+
     def _written(self) -> None:
         """The ending write held: what waited for it (a task's signal) is called."""
+        if self._riding is not None:
+            self._riding.land()  # kept alive from now, before anything below runs
+            self._riding = None
         waiting, self.after_written = self.after_written, []
         for call in waiting:
             call()
@@ -193,11 +211,9 @@ class Claim:
     def lapsing(self) -> bool:
         """Whether the lease is about to lapse: a quarter of it left, no renewal having held since.
 
-        A renewal is sent every third of the lease and bounded by a third, so
-        by then every one sent on time has failed. The pass is asked to stop
-        (and no step body starts) while the lease is still its own: a body that
-        checks ``p.stopping`` more often than a quarter of its lease has ended
-        before any other drive can take the run over.
+        Renewals go every third of the lease, bounded by a third: by then each sent on time failed. The
+        pass is asked to stop (no step body starts) while the lease is still its own: a body that checks
+        ``p.stopping`` more often than a quarter of its lease has ended before any drive can take it over.
         """
         return self.lease_left() <= self.ttl / 4
 
@@ -368,7 +384,8 @@ class Claim:
         if not keeps:
             keepalive.forget(self)  # before the last write: no renewal may follow it
         kept_at, sent = time.monotonic(), self.clock.mark()
-        riders, self.riders = self.riders, []
+        riders = self._ending_riders() if not keeps else self.riders
+        self.riders = []
         committed = store().commit_pass(
             self.run_id, self.fence, fields, drop_ledger=drop_ledger, read_back=keeps, also=riders
         )
@@ -393,7 +410,7 @@ class Claim:
     def write(self, fields: dict[str, Any]) -> bool:
         """Write a transition that ends the claim (a failed pass, a release); return whether the fence held."""
         keepalive.forget(self)  # before the last write: no renewal may follow it
-        riders, self.riders = self.riders, []
+        riders = self._ending_riders()
         held = store().write_fenced(self.run_id, self.fence, fields, also=riders)
         if not held:
             self.lost = True

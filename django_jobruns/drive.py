@@ -9,10 +9,9 @@ that fence, and the lease is given back in ``finally``.
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
@@ -24,6 +23,7 @@ from . import conf, db, keepalive, telemetry
 from .claims import Claim, Claimed, default_holder, holder_name
 from .due import due_rows
 from .exceptions import DatabaseReadOnly, DriveInTransaction, InvalidDriveOptions
+from .following import Following, Line, Lines
 from .models import JobRun, Status
 from .options import DriveOptions, StopSignal, drive_clock, lease_length, positive_int
 from .outcomes import TRANSIENT, Outcome, summary
@@ -184,7 +184,7 @@ def _round_on_a_live_connection(
     return False
 
 
-class _Drive:
+class _Drive(Lines):
     """One round of a drive: the due read, then each run claimed, driven and released."""
 
     def __init__(
@@ -208,9 +208,7 @@ class _Drive:
         scan_max = int(conf.get("SCAN_MAX"))
         attempted = report.attempted
         # Twice the limit is read, so a claim another worker wins is made up from
-        # the spares. Runs are taken oldest first; once a claim is lost to another
-        # worker, the rest of the window is taken in random order, so workers
-        # started together stop racing each other for the same next run.
+        # the spares (in the order ``Line`` says).
         options.clock.refresh()
         look_at_schedules(report, options.clock())  # due ticks first (S2): their runs are driven this round
         rows = due_rows(
@@ -222,23 +220,16 @@ class _Drive:
             options.queues,
             limited=options.limited,
         )
+        line = Line(rows, self.slots_lock)
         if options.concurrency == 1 or len(rows) <= 1:
-            pending = list(rows)
-            contended = False
-            while pending:
-                skipped_before = report.skipped
-                if not self.handle(pending.pop(0)):
-                    break
-                if report.skipped > skipped_before and not contended:
-                    contended = True
-                    random.shuffle(pending)
+            self.drive_line(line)
         else:
             # Windowed: a claim is taken as its work starts, never for the whole batch up front, so
             # the tail of a long batch does not expire unworked. Each thread keeps its connection for
             # the runs it takes (one per run cost more than a no-op task's pass).
-            left, threads = iter(rows), min(options.concurrency, len(rows))
+            threads = min(options.concurrency, len(rows))
             with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="jobruns") as pool:
-                for done in [pool.submit(self.work_in_thread, left) for _ in range(threads)]:
+                for done in [pool.submit(self.work_in_thread, line) for _ in range(threads)]:
                     done.result()
         return report.attempted > attempted
 
@@ -257,15 +248,11 @@ class _Drive:
         """Whether the passes in flight should end early (D18): the stop signal is set, or the budget spent."""
         return self.asked_to_stop() or (self.deadline is not None and time.monotonic() >= self.deadline)
 
-    def work_in_thread(self, rows: Iterator[DueRow]) -> None:
+    def work_in_thread(self, line: Line) -> None:
         """Drive the round's runs one after another until none is left or the drive stops; then close the connection."""
         try:
             with watchdog.bounding(self.options.statement_bound), telemetry.attached(self.parent):
-                while True:
-                    with self.slots_lock:  # the round's runs left are shared as its slots are
-                        row = next(rows, None)
-                    if row is None or not self.handle(row):
-                        return
+                self.drive_line(line)
         finally:
             db.connection().close()
 
@@ -288,29 +275,46 @@ class _Drive:
             db.replace_if_broken()
             return None
 
-    def handle(self, row: DueRow) -> bool:
-        """Drive one run; return False once the stop signal says to take no more."""
+    def handle(
+        self, row: DueRow, taken: Claimed | None = None, line: Line | None = None
+    ) -> tuple[bool, Following | None]:
+        """Drive one run (``taken``: claimed already): False once told to take no more; the next if claimed with it."""
         if self.stopping():
-            return False
+            if taken is not None:
+                self.give_back(taken.claim)  # claimed as the run before it ended: its work never started
+            return False, None
         job = lookup(row.module, row.job)
         if job is None:  # unregistered since the due read: step over it
-            return True
+            return True, None
         # Each statement under the claim bounded by half the claim's own lease (D15): a job's short
         # lease under a drive's long one still has its statements cut while its lease holds.
         with watchdog.bounding(self.options.lease_for(job).total_seconds() / 2):
-            return self._handle(row, job)
+            return self._handle(row, job, taken, line)
 
-    def _handle(self, row: DueRow, job: Job) -> bool:
-        with self.slots_lock:
-            if self.slots == 0:
-                return False  # ``limit`` runs taken
-            self.slots -= 1
-        taken = self.take(row, job)
+    def _handle(self, row: DueRow, job: Job, taken: Claimed | None, line: Line | None) -> tuple[bool, Following | None]:
+        if taken is None:
+            with self.slots_lock:
+                if self.slots == 0:
+                    return False, None  # ``limit`` runs taken
+                self.slots -= 1
+            taken = self.take(row, job)
         if taken is None:
             self.report.add(Count.SKIPPED)
             with self.slots_lock:
                 self.slots += 1
-            return True
+            if line is not None:
+                line.contended()
+            return True, None
+        following = taken.claim.following = self.follow(line)
+        try:
+            self._drive_claim(row, job, taken)
+        except BaseException:
+            if following is not None and (claim := following.taken()) is not None:
+                self.give_back(claim.claim)
+            raise
+        return True, following
+
+    def _drive_claim(self, row: DueRow, job: Job, taken: Claimed) -> None:
         claim, claimed = taken.claim, taken.row
         claim.drive_stopping = self.ending
         _in_flight.add(id(claim))
@@ -326,14 +330,14 @@ class _Drive:
             # been finished or rescheduled out of band since.
             if claimed.run.status != Status.RUNNING or not claimed.due:
                 self.report.add(Count.STALE)
-                return True
+                return
             run = claimed.run
             if claim.took_over_from is not None and job.policy.exhausted(run.attempts):
                 # Charging the silent pass used the policy up: a run that kills
                 # its worker every time must end, without being tried again.
                 self.report.record(run.id, claim.abandon(run), run.title)
                 released = True
-                return True
+                return
             try:
                 released = self.passes(run, job, claim, load_ledger(run.id, claimed.ledger))
             except BaseException as exc:
@@ -353,7 +357,6 @@ class _Drive:
             if not released and not claim.lost:
                 self.release(claim)
             _in_flight.discard(id(claim))
-        return True
 
     def passes(self, run: JobRun, job: Job, claim: Claim, ledger: Any) -> bool:
         """Up to ``max_passes`` passes of ``run`` under ``claim`` (D8); return whether the last one released it."""

@@ -27,8 +27,9 @@ from .statements import RUN_FIELDS, ClockSQL, Expiry, Statements
 #: The step ledger of a pass: (step, result, attempts, last_error) per recorded step.
 Ledger = list[tuple[str, "str | None", int, "str | None"]]
 #: Statements (text, parameters) that ride along with a fenced write: run in its transaction, only if
-#: the fence held (a task's attempt record begun with the claim, ended with the pass's commit).
-Riders = list[tuple[str, list[Any]]]
+#: the fence held (a task's attempt record begun with the claim, ended with the pass's commit); or a
+#: callable given the transaction's cursor (the claim of the drive's next run).
+Riders = list[Any]
 
 
 class DueRow(NamedTuple):
@@ -226,13 +227,13 @@ class Store(Retention):
         from that statement's snapshot, which on PostgreSQL can predate a memo
         the old holder committed while the claim waited for the row.
         """
+        if charge is None:
+            with self._together(also), self.connection.cursor() as cur:
+                return self.claim_on(cur, row, fence, holder, expires, now, also)
         st = self.statements
         params = self._claim_params(row, fence, holder, expires, charge)
         with self._together(also), self.connection.cursor() as cur:
-            text = st.claim_returning if self.returning else st.claim
-            if charge is not None:
-                text = st.takeover(charge, returning=self.returning)
-            cur.execute(text, params)
+            cur.execute(st.takeover(charge, returning=self.returning), params)
             if self.returning:
                 found = cur.fetchone()
                 if found is not None:
@@ -243,14 +244,40 @@ class Store(Retention):
             self._ride(cur, also)
         return self.read_run(row.id, now)
 
+    def claim_on(
+        self, cur: Any, row: DueRow, fence: int, holder: str, expires: Expiry, now: datetime, also: Riders | None = None
+    ) -> ClaimedRow | None:
+        """The claim with no charge, on ``cur`` in the transaction it is in; ``also`` only if it held.
+
+        The drive's next run is claimed so, in the transaction of the ending
+        write of the run before it (:class:`~django_jobruns.claims.Following`).
+        """
+        st = self.statements
+        params = self._claim_params(row, fence, holder, expires, None)
+        if self.returning:
+            cur.execute(st.claim_returning, params)
+            found = cur.fetchone()
+            if found is None:
+                return None
+            self._ride(cur, also)
+            return self._claimed(found, now)
+        cur.execute(st.claim, params)
+        if cur.rowcount != 1:
+            return None
+        self._ride(cur, also)
+        return self.read_run(row.id, now)
+
     def _together(self, also: Riders | None) -> Any:
         """One transaction for a write and its riders (a lone statement needs none)."""
         return transaction.atomic(using=self.alias) if also else contextlib.nullcontext()
 
     @staticmethod
     def _ride(cur: Any, also: Riders | None) -> None:
-        for text, params in also or ():
-            cur.execute(text, params)
+        for rider in also or ():
+            if callable(rider):
+                rider(cur)  # the drive's next claim (claims.Following)
+            else:
+                cur.execute(*rider)
 
     def _claim_params(
         self, row: DueRow, fence: int, holder: str, expires: Expiry, charge: dict[str, Any] | None

@@ -18,26 +18,14 @@ class PostgresStore(Store):
     returning = True
     clock_sql = PostgresClockSQL()
 
-    def claim(
-        self,
-        row: DueRow,
-        fence: int,
-        holder: str,
-        expires: Expiry,
-        now: datetime,
-        *,
-        charge: dict[str, Any] | None = None,
-        also: Riders | None = None,
+    def claim_on(
+        self, cur: Any, row: DueRow, fence: int, holder: str, expires: Expiry, now: datetime, also: Riders | None = None
     ) -> ClaimedRow | None:
-        if charge is not None:
-            return super().claim(row, fence, holder, expires, now, charge=charge, also=also)
-        with self._together(also), self.connection.cursor() as cur:
-            cur.execute(self.statements.claim_with_ledger, self._claim_params(row, fence, holder, expires, None))
-            found = cur.fetchone()
-            if found is not None:
-                self._ride(cur, also)
+        cur.execute(self.statements.claim_with_ledger, self._claim_params(row, fence, holder, expires, None))
+        found = cur.fetchone()
         if found is None:
             return None
+        self._ride(cur, also)
         steps = found[len(RUN_FIELDS)]
         ledger = [tuple(entry) for entry in steps] if steps else []
         return self._claimed(found[: len(RUN_FIELDS)], now, ledger)

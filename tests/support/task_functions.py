@@ -190,3 +190,14 @@ def loses_its_lease(context: Any) -> str:
     JobRun.objects.filter(pk=context.task_result.id).update(lease_fence=F("lease_fence") + 1)
     context.step("after", lambda: "never")
     return "never"
+
+
+#: Events a test hands to ``set_event`` by name (one process: the drive runs in the test's).
+EVENTS: dict[str, Any] = {}
+
+
+@task()
+def set_event(name: str) -> str:
+    """Sets the test's event ``name`` (a drive's stop, from inside a task body)."""
+    EVENTS[name].set()
+    return name

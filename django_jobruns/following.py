@@ -1,0 +1,163 @@
+"""The drive's next run, claimed in the transaction of the ending write of the run before it.
+
+A drive works its runs one after another. Each run's pass ends with one fenced
+write (its commit, its failure, its release), and the claim of the next run in
+the drive's line rides with that write: one commit for both. A task then costs
+one commit, not two, and a run's passes k + 1 commits, not k + 2.
+
+The claim is the ordinary claim (D2): the fence read with the due row compared,
+the lease free, a new fence set, and a task's attempt record begun with it. It
+is taken as the work before it ends, so the next run's work starts at once
+(D7): a claim taken in a batch ahead of its work would be charged as a pass
+that stopped reporting (D10) if the worker died before reaching it. Only a
+plain claim rides (a due row with no holder recorded); a takeover charges the
+silent pass and is taken by its own statement. The claim is not written when
+the drive is stopping as the write is made, and one that was written while the
+drive stops is given back, with its attempt record.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from . import keepalive
+from .claims import Claim, Claimed
+from .db import Clock
+from .options import DriveOptions
+from .registry import Job, lookup
+from .report import Count, DriveReport
+from .store import store
+from .store.base import ClaimedRow, DueRow
+from .store.statements import Expiry
+
+
+class Following:
+    """The claim of ``row``, written as a rider of another claim's ending write (``Claim.following``)."""
+
+    def __init__(self, row: DueRow, job: Job, holder: str, ttl: Any, clock: Clock, skip: Callable[[], bool]) -> None:
+        self.row, self.job, self.holder, self.ttl, self.clock, self.skip = row, job, holder, ttl, clock, skip
+        #: Whether the claim's statement was sent (the drive was not stopping as the write was made).
+        self.sent_claim = False
+        #: The run as the claim's statement left it, if it took the run.
+        self.claimed: ClaimedRow | None = None
+        #: Set by the claim it rode with, once that write held (committed): only then is ``claimed`` so.
+        self.landed = False
+        self.claim: Claimed | None = None
+
+    def __call__(self, cur: Any) -> None:
+        """Claim the run on ``cur``, in the ending write's transaction (made again if that is retried)."""
+        self.claimed, self.sent_claim = None, False
+        if self.skip():
+            return
+        row, clock = self.row, self.clock
+        self.now = now = clock()
+        fence = row.fence + 1
+        on_claim = self.job.on_claim
+        also, self.undo = on_claim(row.id, fence, self.holder, now) if on_claim else ([], [])
+        self.kept_at, self.sent = time.monotonic(), clock.mark()
+        self.sent_claim = True
+        self.claimed = store().claim_on(cur, row, fence, self.holder, Expiry(clock.lease_now(), self.ttl), now, also)
+
+    def land(self) -> None:
+        """The write this rode with held (committed): the claim, if its statement took the run, is kept alive now."""
+        self.landed = True
+        if self.claimed is not None:
+            self.claim = Claim.taken(
+                self.row, self.claimed, self.holder, self.ttl, self.clock, self.sent, self.kept_at, self.now, self.undo
+            )
+
+    def taken(self) -> Claimed | None:
+        """The claim, if the write it rode with held and its statement took the run."""
+        return self.claim if self.landed else None
+
+    def lost_to_another(self) -> bool:
+        """Whether the claim was written and found the run taken (or changed) since the due read."""
+        return self.landed and self.sent_claim and self.claimed is None
+
+
+class Line:
+    """A round's due rows, in the order its drive takes them; shared by its threads under ``lock``.
+
+    Runs are taken oldest first. Once a claim is lost to another worker, the
+    rest are taken in random order, so workers started together stop racing
+    each other for the same next run.
+    """
+
+    def __init__(self, rows: list[DueRow], lock: threading.Lock) -> None:
+        self.pending = list(rows)
+        self.lock = lock
+        self.shuffled = False
+
+    def next(self) -> DueRow | None:
+        with self.lock:
+            return self.pending.pop(0) if self.pending else None
+
+    def contended(self) -> None:
+        """A claim was lost to another worker: the rest of the line in random order, once."""
+        with self.lock:
+            if not self.shuffled:
+                self.shuffled = True
+                random.shuffle(self.pending)
+
+
+class Lines:
+    """A drive's round, taking its runs in line: each claimed, when it can be, with the ending write of the last."""
+
+    options: DriveOptions
+    report: DriveReport
+    #: How many more runs the round may take (``limit``), under its line's lock.
+    slots: int
+
+    def handle(
+        self, row: DueRow, taken: Claimed | None = None, line: Line | None = None
+    ) -> tuple[bool, Following | None]:
+        raise NotImplementedError
+
+    def ending(self) -> bool:
+        raise NotImplementedError
+
+    def release(self, claim: Claim) -> None:
+        raise NotImplementedError
+
+    def drive_line(self, line: Line) -> None:
+        """Drive the line's runs one after another; each claimed, when it can be, by the write that ends the last."""
+        row, taken = line.next(), None
+        while row is not None:
+            go_on, following = self.handle(row, taken, line)
+            if not go_on:
+                return
+            if following is None:
+                row, taken = line.next(), None
+                continue
+            row, taken = following.row, following.taken()
+            if taken is None:
+                with line.lock:
+                    self.slots += 1  # reserved when it was chosen: its own claim reserves it again
+                if following.lost_to_another():
+                    self.report.add(Count.SKIPPED)
+                    line.contended()
+                    row = line.next()
+
+    def follow(self, line: Line | None) -> Following | None:
+        """The line's next run, to be claimed by the ending write of the run being claimed now (a plain claim only)."""
+        if line is None:
+            return None
+        with line.lock:
+            row = line.pending[0] if line.pending and self.slots > 0 else None
+            job = lookup(row.module, row.job) if row is not None and row.holder is None else None
+            if row is None or job is None:
+                return None
+            line.pending.pop(0)
+            self.slots -= 1
+        options = self.options
+        return Following(row, job, options.holder, options.lease_for(job), options.clock, self.ending)
+
+    def give_back(self, claim: Claim) -> None:
+        """Give back a claim whose work never started, with what rode with it (a task's attempt record begun)."""
+        claim.riders.extend(claim.undo)
+        keepalive.forget(claim)
+        self.release(claim)

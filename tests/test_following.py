@@ -1,0 +1,136 @@
+"""The next run claimed with the ending write of the one before it: one commit per task (issue 33, D2, D7, D10)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from django_jobruns import run_due_jobs, start_job_run
+from django_jobruns.drive import drive_run
+from django_jobruns.models import JobAttempt, JobRun, Status
+from tests.test_costs import _counting_commits
+
+
+@pytest.mark.django_db(transaction=True)
+def test_tasks_driven_one_after_another_cost_one_commit_each_after_the_first(monkeypatch):
+    from tests.support import task_functions as t
+
+    results = [t.add.enqueue(i, 1) for i in range(10)]
+    commits, counting = _counting_commits(monkeypatch)
+    with counting:
+        report = run_due_jobs()
+    assert report.completed == 10
+    assert len(commits) <= 11, commits
+    for i, result in enumerate(results):
+        result.refresh()
+        assert result.return_value == i + 1 and result.errors == [] and len(result.worker_ids) == 1
+        (attempt,) = JobAttempt.objects.filter(run_id=result.id)
+        assert attempt.number == 1 and attempt.ended_at is not None and attempt.error_class is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_job_runs_cost_k_plus_one_commits_a_pass_after_the_first(monkeypatch, behaviour):
+    def handler(p):
+        for i in range(2):
+            p.step(f"s{i}", lambda i=i: i)
+        return {"done": True}
+
+    runs = []
+    for i in range(5):
+        behaviour[f"k{i}"] = handler
+        runs.append(start_job_run("tests.scripted", instance=f"k{i}")[0])
+    commits, counting = _counting_commits(monkeypatch)
+    with counting:
+        report = run_due_jobs()
+    assert report.completed == 5
+    # Per run: its two steps and its commit, which also claims the next run; the first claim is its own.
+    assert len(commits) <= 5 * 3 + 1, commits
+    assert all(r.status == Status.DONE and r.lease_holder is None for r in JobRun.objects.filter(pk__in=runs))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_drive_asked_to_stop_during_a_body_claims_nothing_with_its_ending_write():
+    from tests.support import task_functions as t
+
+    stop = threading.Event()
+    first = t.set_event.enqueue("stop")
+    second = t.add.enqueue(1, 2)
+    t.EVENTS["stop"] = stop
+    try:
+        report = run_due_jobs(stop=stop)
+    finally:
+        t.EVENTS.pop("stop", None)
+    assert report.completed == 1 and report.stopped
+    first.refresh()
+    assert first.status.name == "SUCCESSFUL"
+    run = JobRun.objects.get(pk=second.id)
+    assert run.status == Status.RUNNING and run.lease_holder is None and run.lease_expires_at is None
+    assert run.attempts == 0 and not JobAttempt.objects.filter(run_id=second.id).exists()
+    assert run_due_jobs().completed == 1
+    second.refresh()
+    assert second.return_value == 3 and len(second.worker_ids) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_claimed_as_the_drive_stops_is_given_back_with_its_attempt_record():
+    """The stop comes after the ending write held (and claimed the next): the next run is given back unstarted."""
+    from tests.support import task_functions as t
+    from tests.test_backend import task_finished
+
+    stop = threading.Event()
+    first = t.add.enqueue(1, 1)
+    second = t.add.enqueue(2, 2)
+    seen: list[Any] = []
+
+    def on_finished(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        seen.append(task_result.id)
+        if task_result.id == first.id:
+            # The ending write of the first held, with the claim of the second in its transaction.
+            run = JobRun.objects.get(pk=second.id)
+            seen.append((run.lease_holder is not None, JobAttempt.objects.filter(run_id=second.id).count()))
+            stop.set()
+
+    task_finished.connect(on_finished)
+    try:
+        report = run_due_jobs(stop=stop)
+    finally:
+        task_finished.disconnect(on_finished)
+    assert seen[:2] == [first.id, (True, 1)], seen
+    assert report.completed == 1 and report.stopped and report.attempted == 1
+    run = JobRun.objects.get(pk=second.id)
+    assert run.status == Status.RUNNING and run.lease_holder is None and run.lease_expires_at is None
+    assert run.attempts == 0 and not JobAttempt.objects.filter(run_id=second.id).exists()
+    assert run_due_jobs().completed == 1
+    second.refresh()
+    assert second.return_value == 4 and len(second.worker_ids) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_next_run_another_worker_took_meanwhile_is_not_claimed_again(behaviour):
+    """Another holder drives the next run to its end while this drive's first pass runs: skipped, run once."""
+    done = []
+
+    def second(p):
+        done.append("second")
+        return {"done": True}
+
+    def first(p):
+        worker = threading.Thread(target=lambda: (drive_run(runs[1], holder="other"), _close()))
+        worker.start()
+        worker.join()
+        return {"done": True}
+
+    behaviour["a"], behaviour["b"] = first, second
+    runs = [start_job_run("tests.scripted", instance=name)[0].id for name in ("a", "b")]
+    report = run_due_jobs()
+    assert done == ["second"]
+    assert report.completed == 1 and report.skipped == 1
+    assert JobRun.objects.get(pk=runs[1]).status == Status.DONE
+
+
+def _close() -> None:
+    from django.db import connection
+
+    connection.close()
