@@ -60,7 +60,10 @@ class Following:
         also, self.undo = on_claim(row.id, fence, self.holder, now) if on_claim else ([], [])
         self.kept_at, self.sent = time.monotonic(), clock.mark()
         self.sent_claim = True
-        self.claimed = store().claim_on(cur, row, fence, self.holder, Expiry(clock.lease_now(), self.ttl), now, also)
+        expires = Expiry(clock.lease_now(), self.ttl)
+        # A row another transaction holds locked is passed over, not waited for: the write this rides
+        # with (the last run's commit) must not wait on another run's row.
+        self.claimed = store().claim_on(cur, row, fence, self.holder, expires, now, also, skip_locked=True)
 
     def land(self) -> None:
         """The write this rode with held (committed): the claim, if its statement took the run, is kept alive now."""

@@ -6,6 +6,7 @@ import threading
 from typing import Any
 
 import pytest
+from django.db import connection
 
 from django_jobruns import run_due_jobs, start_job_run
 from django_jobruns.drive import drive_run
@@ -131,6 +132,44 @@ def test_a_next_run_another_worker_took_meanwhile_is_not_claimed_again(behaviour
 
 
 def _close() -> None:
-    from django.db import connection
 
     connection.close()
+
+
+@pytest.mark.skipif("connection.vendor == 'sqlite'", reason="a row lock held FOR UPDATE needs row locks")
+@pytest.mark.django_db(transaction=True)
+def test_a_next_run_whose_row_another_transaction_holds_locked_does_not_hold_the_last_runs_commit(behaviour):
+    """The claim riding with the first run's commit passes over a locked row instead of waiting for it."""
+    from django.db import connections, transaction
+
+    locked, unlock = threading.Event(), threading.Event()
+
+    def hold_row() -> None:
+        try:
+            with transaction.atomic():
+                list(JobRun.objects.select_for_update().filter(pk=runs[1]))
+                locked.set()
+                unlock.wait(timeout=60)
+        finally:
+            connections.close_all()
+
+    def first(p):
+        holder.start()
+        assert locked.wait(timeout=30)
+        return {"done": True}
+
+    behaviour["a"], behaviour["b"] = first, lambda p: {"done": True}
+    runs = [start_job_run("tests.scripted", instance=name)[0].id for name in ("a", "b")]
+    before = JobRun.objects.get(pk=runs[1])
+    holder = threading.Thread(target=hold_row)
+    try:
+        # Unbounded by the lock's wait: a statement waiting on the row would be cut at half the lease.
+        report = run_due_jobs(lease_ttl=60)
+    finally:
+        unlock.set()
+        holder.join()
+    assert report.completed == 1 and report.skipped == 1 and report.unrecorded == [], report
+    assert JobRun.objects.get(pk=runs[0]).status == Status.DONE
+    after = JobRun.objects.get(pk=runs[1])
+    assert after.lease_fence == before.lease_fence and after.lease_holder is None and after.attempts == 0
+    assert run_due_jobs().completed == 1

@@ -134,6 +134,8 @@ class Store(Retention):
 
     #: Whether the claim statement returns the row it claimed.
     returning = False
+    #: Whether a transaction can hold one row locked while others are written (not SQLite's one writer).
+    locks_rows = False
     #: Where the statements' "now" comes from: a parameter, here.
     clock_sql = ClockSQL()
 
@@ -245,15 +247,30 @@ class Store(Retention):
         return self.read_run(row.id, now)
 
     def claim_on(
-        self, cur: Any, row: DueRow, fence: int, holder: str, expires: Expiry, now: datetime, also: Riders | None = None
+        self,
+        cur: Any,
+        row: DueRow,
+        fence: int,
+        holder: str,
+        expires: Expiry,
+        now: datetime,
+        also: Riders | None = None,
+        *,
+        skip_locked: bool = False,
     ) -> ClaimedRow | None:
         """The claim with no charge, on ``cur`` in the transaction it is in; ``also`` only if it held.
 
         The drive's next run is claimed so, in the transaction of the ending
-        write of the run before it (:class:`~django_jobruns.claims.Following`).
+        write of the run before it (:class:`~django_jobruns.following.Following`),
+        with ``skip_locked``: a run whose row another transaction holds locked
+        is not claimed, rather than holding that ending write until the lock goes.
         """
         st = self.statements
         params = self._claim_params(row, fence, holder, expires, None)
+        if skip_locked and self.locks_rows:
+            cur.execute(st.lock_if_free, [row.id, row.fence, *st.now_params(expires.now)])
+            if cur.fetchone() is None:
+                return None
         if self.returning:
             cur.execute(st.claim_returning, params)
             found = cur.fetchone()

@@ -16,6 +16,7 @@ class MySQLStore(Store):
     """
 
     clock_sql = MySQLClockSQL()
+    locks_rows = True
 
     def prepare_session(self, bound: float) -> None:
         """Bound what a stalled peer's row lock can cost, once per connection of a drive.

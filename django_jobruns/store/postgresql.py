@@ -16,12 +16,24 @@ class PostgresStore(Store):
     """PostgreSQL: data-modifying CTEs carry the fence check, the heartbeat and the write in one statement."""
 
     returning = True
+    locks_rows = True
     clock_sql = PostgresClockSQL()
 
     def claim_on(
-        self, cur: Any, row: DueRow, fence: int, holder: str, expires: Expiry, now: datetime, also: Riders | None = None
+        self,
+        cur: Any,
+        row: DueRow,
+        fence: int,
+        holder: str,
+        expires: Expiry,
+        now: datetime,
+        also: Riders | None = None,
+        *,
+        skip_locked: bool = False,
     ) -> ClaimedRow | None:
-        cur.execute(self.statements.claim_with_ledger, self._claim_params(row, fence, holder, expires, None))
+        st = self.statements
+        text = st.claim_with_ledger_skipping if skip_locked else st.claim_with_ledger
+        cur.execute(text, self._claim_params(row, fence, holder, expires, None))
         found = cur.fetchone()
         if found is None:
             return None

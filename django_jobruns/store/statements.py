@@ -122,6 +122,11 @@ class Statements:
             f"(SELECT json_agg(json_build_array({s['step']}, {s['result']}, {s['attempts']}, {s['last_error']})) "
             f"FROM {step} WHERE {step}.{s['run']} = claimed.{r['id']}) FROM claimed"
         )
+        # The claim of a drive's next run, riding on another write (PostgreSQL; elsewhere the lock is
+        # taken by a read first): a row another transaction holds locked is not waited for.
+        skipping = f"{r['id']} = (SELECT {r['id']} FROM {run} WHERE {free} FOR UPDATE SKIP LOCKED)"
+        self.lock_if_free = f"SELECT {r['id']} FROM {run} WHERE {free} FOR UPDATE SKIP LOCKED"
+        self.claim_with_ledger_skipping = self.claim_with_ledger.replace(f"WHERE {free}", f"WHERE {skipping}", 1)
         # A takeover: the lease lapsed with a holder recorded. The charge of the
         # silent pass (``transitions.charged``) is written by the same statement,
         # first: MySQL evaluates SET left to right, with the values already assigned.
