@@ -13,7 +13,10 @@ that stopped reporting (D10) if the worker died before reaching it. Only a
 plain claim rides (a due row with no holder recorded); a takeover charges the
 silent pass and is taken by its own statement. The claim is not written when
 the drive is stopping as the write is made, and one that was written while the
-drive stops is given back, with its attempt record.
+drive stops is given back, with its attempt record. It passes over a row another
+transaction holds locked rather than hold the write it rides with. On
+PostgreSQL a pass's commit and the claim are one statement (a job run's claim
+has no statements of its own to ride along).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from . import keepalive
@@ -31,15 +35,17 @@ from .options import DriveOptions
 from .registry import Job, lookup
 from .report import Count, DriveReport
 from .store import store
-from .store.base import ClaimedRow, DueRow
+from .store.base import ClaimedRow, ClaimRider, DueRow
 from .store.statements import Expiry
 
 
-class Following:
+class Following(ClaimRider):
     """The claim of ``row``, written as a rider of another claim's ending write (``Claim.following``)."""
 
     def __init__(self, row: DueRow, job: Job, holder: str, ttl: Any, clock: Clock, skip: Callable[[], bool]) -> None:
         self.row, self.job, self.holder, self.ttl, self.clock, self.skip = row, job, holder, ttl, clock, skip
+        self.has_riders = job.on_claim is not None
+        self.undo: list[Any] = []
         #: Whether the claim's statement was sent (the drive was not stopping as the write was made).
         self.sent_claim = False
         #: The run as the claim's statement left it, if it took the run.
@@ -50,20 +56,27 @@ class Following:
 
     def __call__(self, cur: Any) -> None:
         """Claim the run on ``cur``, in the ending write's transaction (made again if that is retried)."""
-        self.claimed, self.sent_claim = None, False
-        if self.skip():
+        claim = self.arguments()
+        if claim is None:
             return
-        row, clock = self.row, self.clock
-        self.now = now = clock()
-        fence = row.fence + 1
-        on_claim = self.job.on_claim
-        also, self.undo = on_claim(row.id, fence, self.holder, now) if on_claim else ([], [])
-        self.kept_at, self.sent = time.monotonic(), clock.mark()
-        self.sent_claim = True
-        expires = Expiry(clock.lease_now(), self.ttl)
+        row, fence, holder, expires, now = claim
+        also, self.undo = self.job.on_claim(row.id, fence, holder, now) if self.job.on_claim else ([], [])
         # A row another transaction holds locked is passed over, not waited for: the write this rides
         # with (the last run's commit) must not wait on another run's row.
-        self.claimed = store().claim_on(cur, row, fence, self.holder, expires, now, also, skip_locked=True)
+        self.took(store().claim_on(cur, row, fence, holder, expires, now, also, skip_locked=True))
+
+    def arguments(self) -> tuple[DueRow, int, str, Expiry, datetime] | None:
+        self.claimed, self.sent_claim = None, False
+        if self.skip():
+            return None
+        clock = self.clock
+        self.now = now = clock()
+        self.kept_at, self.sent = time.monotonic(), clock.mark()
+        self.sent_claim = True
+        return self.row, self.row.fence + 1, self.holder, Expiry(clock.lease_now(), self.ttl), now
+
+    def took(self, claimed: ClaimedRow | None) -> None:
+        self.claimed = claimed
 
     def land(self) -> None:
         """The write this rode with held (committed): the claim, if its statement took the run, is kept alive now."""

@@ -177,3 +177,18 @@ def test_a_task_costs_at_most_two_commits(monkeypatch):
 
     (attempt,) = JobAttempt.objects.filter(run_id=result.id)
     assert attempt.ended_at is not None and attempt.number == 1 and attempt.error_class is None
+
+
+def test_on_postgresql_a_runs_claim_is_in_the_statement_that_commits_the_run_before_it(behaviour, clock):
+    """Three runs of one step in one drive: the due read, the first claim, then per run its step and its commit."""
+    for i in range(3):
+        behaviour[f"line{i}"] = lambda p: (p.step("s", lambda: 1), {"done": True})[1]
+        start_job_run("tests.scripted", instance=f"line{i}")
+    with CaptureQueriesContext(connection) as ctx:
+        report = run_due_jobs(now=clock)
+    assert report.completed == 3
+    sql = statements(ctx)
+    if connection.vendor == "postgresql":
+        assert len(sql) == 2 + 3 * 2, "\n".join(sql)
+    else:  # the next claim is a statement of its own in the last run's commit's transaction
+        assert len(sql) <= 2 + 3 * 6, "\n".join(sql)

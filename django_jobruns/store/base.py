@@ -63,6 +63,27 @@ class ClaimedRow:
     ledger: Ledger | None = None
 
 
+class ClaimRider:
+    """A claim that rides with another write (the drive's next run): called with its cursor.
+
+    A database that can write both in one statement (PostgreSQL's pass
+    commit) asks :meth:`arguments` instead, and tells :meth:`took` what it claimed.
+    """
+
+    #: Statements of its own to write once it holds (a task's attempt record): it is then called.
+    has_riders: bool
+
+    def __call__(self, cur: Any) -> None:
+        raise NotImplementedError
+
+    def arguments(self) -> tuple[DueRow, int, str, Expiry, datetime] | None:
+        """The claim's row, new fence, holder, expiry and now, as it is sent; ``None``: not to be made."""
+        raise NotImplementedError
+
+    def took(self, claimed: ClaimedRow | None) -> None:
+        raise NotImplementedError
+
+
 @dataclass(frozen=True)
 class Committed:
     """A pass commit that held: the run's pause as the commit left it (``None`` if it was not paused)."""

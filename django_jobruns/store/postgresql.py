@@ -8,7 +8,7 @@ from typing import Any
 
 from django.db import transaction
 
-from .base import ClaimedRow, Committed, DueRow, Riders, StepWrite, Store
+from .base import ClaimedRow, ClaimRider, Committed, DueRow, Riders, StepWrite, Store
 from .statements import RUN_FIELDS, Expiry, PostgresClockSQL
 
 
@@ -67,12 +67,44 @@ class PostgresStore(Store):
         also: Riders | None = None,
     ) -> Committed | None:
         st = self.statements
+        if also and len(also) == 1 and isinstance(also[0], ClaimRider) and not also[0].has_riders:
+            rider, also = also[0], None
+            claim = rider.arguments()
+            if claim is not None:
+                return self._commit_and_claim(run_id, fence, fields, drop_ledger, rider, *claim)
         with self._together(also), self.connection.cursor() as cur:
             cur.execute(st.commit_fenced(fields, drop_ledger=drop_ledger), [*st.parameters(fields), run_id, fence])
             row = cur.fetchone()
             if row is not None:
                 self._ride(cur, also)
         return None if row is None else Committed(row[0])
+
+    def _commit_and_claim(
+        self,
+        run_id: str,
+        fence: int,
+        fields: dict[str, Any],
+        drop_ledger: bool,
+        rider: ClaimRider,
+        row: DueRow,
+        new_fence: int,
+        holder: str,
+        expires: Expiry,
+        now: datetime,
+    ) -> Committed | None:
+        """The pass's commit and the claim of the drive's next run in one statement (one round trip, one commit)."""
+        st = self.statements
+        params = [*st.parameters(fields), run_id, fence, *self._claim_params(row, new_fence, holder, expires, None)]
+        with self._savepoint_if_nested(), self.connection.cursor() as cur:
+            cur.execute(st.commit_fenced_and_claim(fields, drop_ledger=drop_ledger), params)
+            found = cur.fetchone()
+        if found is None:
+            return None  # the fence did not hold: nothing written, nothing claimed
+        claimed, steps = found[1 : 1 + len(RUN_FIELDS)], found[1 + len(RUN_FIELDS)]
+        if claimed[0] is not None:
+            ledger = [tuple(entry) for entry in steps] if steps else []
+            rider.took(self._claimed(claimed, now, ledger))
+        return Committed(found[0])
 
     def prune_batch(self, statuses: list[str], cutoff: datetime, size: int) -> tuple[int, int]:
         """The batch in ONE statement (data-modifying CTEs): the ids never travel to Python and back."""

@@ -117,11 +117,15 @@ class Statements:
         self.claim = f"UPDATE {run} SET {take} WHERE {free}"
         self.claim_returning = f"UPDATE {run} SET {take} WHERE {free} RETURNING {columns}"
         # The claim, the re-read and the ledger read in one round trip (PostgreSQL).
-        self.claim_with_ledger = (
-            f"WITH claimed AS (UPDATE {run} SET {take} WHERE {free} RETURNING {columns}) SELECT claimed.*, "
+        self._ledger_of_claimed = (
             f"(SELECT json_agg(json_build_array({s['step']}, {s['result']}, {s['attempts']}, {s['last_error']})) "
-            f"FROM {step} WHERE {step}.{s['run']} = claimed.{r['id']}) FROM claimed"
+            f"FROM {step} WHERE {step}.{s['run']} = claimed.{r['id']})"
         )
+        self.claim_with_ledger = (
+            f"WITH claimed AS (UPDATE {run} SET {take} WHERE {free} RETURNING {columns}) "
+            f"SELECT claimed.*, {self._ledger_of_claimed} FROM claimed"
+        )
+        self._free = free
         # The claim of a drive's next run, riding on another write (PostgreSQL; elsewhere the lock is
         # taken by a read first): a row another transaction holds locked is not waited for.
         skipping = f"{r['id']} = (SELECT {r['id']} FROM {run} WHERE {free} FOR UPDATE SKIP LOCKED)"
@@ -210,16 +214,39 @@ class Statements:
 
     def commit_fenced(self, fields: dict[str, Any], *, drop_ledger: bool) -> str:
         """PostgreSQL's pass commit in one statement: the fenced UPDATE, the ledger dropped, the pause returned."""
-        r = self.run_columns
         return self._cached(
             ("commit", tuple(fields), drop_ledger),
-            lambda: (
-                f"WITH fenced AS (UPDATE {self.run_table} SET {self.assignments(fields)} WHERE {self._fenced} "
-                f"RETURNING {r['id']}, {r['paused_at']})"
-                + (f", dropped AS ({self._drop_fenced})" if drop_ledger else "")
-                + f" SELECT {r['paused_at']} FROM fenced"
-            ),
+            lambda: f"{self._commit_ctes(fields, drop_ledger)} SELECT {self.run_columns['paused_at']} FROM fenced",
         )
+
+    def _commit_ctes(self, fields: dict[str, Any], drop_ledger: bool) -> str:
+        r = self.run_columns
+        return (
+            f"WITH fenced AS (UPDATE {self.run_table} SET {self.assignments(fields)} WHERE {self._fenced} "
+            f"RETURNING {r['id']}, {r['paused_at']})" + (f", dropped AS ({self._drop_fenced})" if drop_ledger else "")
+        )
+
+    def commit_fenced_and_claim(self, fields: dict[str, Any], *, drop_ledger: bool) -> str:
+        """PostgreSQL's pass commit and the claim of the drive's next run, in one statement.
+
+        The claim is made only if the commit's fence held, and passes over a
+        row another transaction holds locked. One row: the pause as the commit
+        left it, then the claimed run's fields and ledger (NULLs if not claimed).
+        """
+        r = self.run_columns
+        run = self.run_table
+
+        def build() -> str:
+            commit = self._commit_ctes(fields, drop_ledger)
+            chosen = f"SELECT {r['id']} FROM {run} WHERE {self._free} AND EXISTS (SELECT 1 FROM fenced)"
+            return (
+                f"{commit}, claimed AS (UPDATE {run} SET {self._take} WHERE {r['id']} = "
+                f"({chosen} FOR UPDATE SKIP LOCKED) RETURNING {self.columns}) "
+                f"SELECT fenced.{r['paused_at']}, claimed.*, {self._ledger_of_claimed} "
+                "FROM fenced LEFT JOIN claimed ON TRUE"
+            )
+
+        return self._cached(("commit and claim", tuple(fields), drop_ledger), build)
 
     def assignments(self, fields: dict[str, Any]) -> str:
         """``"col" = %s, …`` for these fields; an increment (``F(name) + 1``) is written as SQL, not a parameter."""
