@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Any, NamedTuple
+from datetime import datetime
+from typing import Any
 
 from django.db import connections, transaction
 from django.utils import timezone
@@ -22,94 +21,10 @@ from ..models import JobRun
 from . import errors, watchdog
 from .deadlocks import retry_deadlocks
 from .retention import Retention
+from .rows import ClaimedRow, ClaimRider, Committed, DueRow, Ledger, Riders, StepWrite
 from .statements import RUN_FIELDS, ClockSQL, Expiry, Statements
 
-#: The step ledger of a pass: (step, result, attempts, last_error) per recorded step.
-Ledger = list[tuple[str, "str | None", int, "str | None"]]
-#: Statements (text, parameters) that ride along with a fenced write: run in its transaction, only if
-#: the fence held (a task's attempt record begun with the claim, ended with the pass's commit); or a
-#: callable given the transaction's cursor (the claim of the drive's next run).
-Riders = list[Any]
-
-
-class DueRow(NamedTuple):
-    """A run the due read found: what its claim compares and whom a takeover charges."""
-
-    id: str
-    #: The fence as read: the claim takes the run only if it is still this.
-    fence: int
-    module: str
-    job: str
-    #: The holder recorded on a lapsed lease (its pass stopped reporting), else ``None``.
-    holder: str | None
-    #: A task run's queue (``django_jobruns.backend``); ``None`` for a job run.
-    queue_name: str | None
-    #: Its priority: the due order's first key, highest first.
-    priority: int
-    #: When the run became due: its position in the due order (the next page starts after it).
-    due_since: Any
-
-
-@dataclass(frozen=True)
-class ClaimedRow:
-    """The run as the claim left it, and whether it is still due (re-read under the claim).
-
-    ``ledger`` is the run's step ledger when the claim could read it in the same
-    statement (PostgreSQL), else ``None``: read it separately.
-    """
-
-    run: JobRun
-    due: bool
-    ledger: Ledger | None = None
-
-
-class ClaimRider:
-    """A claim that rides with another write (the drive's next run): called with its cursor.
-
-    A database that can write both in one statement (PostgreSQL's pass
-    commit) asks :meth:`arguments` instead, and tells :meth:`took` what it claimed.
-    """
-
-    #: Statements of its own to write once it holds (a task's attempt record): it is then called.
-    has_riders: bool
-
-    def __call__(self, cur: Any) -> None:
-        raise NotImplementedError
-
-    def arguments(self) -> tuple[DueRow, int, str, Expiry, datetime] | None:
-        """The claim's row, new fence, holder, expiry and now, as it is sent; ``None``: not to be made."""
-        raise NotImplementedError
-
-    def took(self, claimed: ClaimedRow | None) -> None:
-        raise NotImplementedError
-
-
-@dataclass(frozen=True)
-class Committed:
-    """A pass commit that held: the run's pause as the commit left it (``None`` if it was not paused)."""
-
-    paused_at: datetime | None
-
-
-@dataclass(slots=True)
-class StepWrite:
-    """A step record to write under a claim, and the claim's lease as the pass knows it."""
-
-    run_id: str
-    fence: int
-    step: str
-    result: str | None
-    attempts: int
-    error: str | None
-    at: datetime
-    #: The lease's new expiry, if this write renews it.
-    expires: Expiry
-    #: Whether the step has a row already (an earlier failed attempt).
-    exists: bool
-    #: How much of the lease is left, and its length: whether a renewal is due.
-    lease_left: timedelta
-    ttl: timedelta
-
+__all__ = ["GUARDED", "ClaimRider", "ClaimedRow", "Committed", "DueRow", "Ledger", "Riders", "StepWrite", "Store"]
 
 #: The store's operations, each bounded by the drive's watchdog (a partition cannot hang it).
 GUARDED = (
