@@ -279,13 +279,11 @@ class _Drive(Lines):
         self, row: DueRow, taken: Claimed | None = None, line: Line | None = None
     ) -> tuple[bool, Following | None]:
         """Drive one run (``taken``: claimed already): False once told to take no more; the next if claimed with it."""
-        if self.stopping():
+        stopping, job = self.stopping(), lookup(row.module, row.job)
+        if stopping or job is None:  # job None: unregistered since the due read, stepped over
             if taken is not None:
                 self.give_back(taken.claim)  # claimed as the run before it ended: its work never started
-            return False, None
-        job = lookup(row.module, row.job)
-        if job is None:  # unregistered since the due read: step over it
-            return True, None
+            return not stopping, None
         # Each statement under the claim bounded by half the claim's own lease (D15): a job's short
         # lease under a drive's long one still has its statements cut while its lease holds.
         with watchdog.bounding(self.options.lease_for(job).total_seconds() / 2):
