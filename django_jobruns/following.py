@@ -25,7 +25,6 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any
 
 from . import keepalive
@@ -35,7 +34,7 @@ from .options import DriveOptions
 from .registry import Job, lookup
 from .report import Count, DriveReport
 from .store import store
-from .store.base import ClaimedRow, ClaimRider, DueRow
+from .store.base import ClaimedRow, ClaimRider, DueRow, PlainClaim
 from .store.statements import Expiry
 
 
@@ -59,13 +58,13 @@ class Following(ClaimRider):
         claim = self.arguments()
         if claim is None:
             return
-        row, fence, holder, expires, now = claim
-        also, self.undo = self.job.on_claim(row.id, fence, holder, now) if self.job.on_claim else ([], [])
+        on_claim = self.job.on_claim
+        also, self.undo = on_claim(claim.row.id, claim.fence, claim.holder, claim.now) if on_claim else ([], [])
         # A row another transaction holds locked is passed over, not waited for: the write this rides
         # with (the last run's commit) must not wait on another run's row.
-        self.took(store().claim_on(cur, row, fence, holder, expires, now, also, skip_locked=True))
+        self.took(store().claim_on(cur, claim, also, skip_locked=True))
 
-    def arguments(self) -> tuple[DueRow, int, str, Expiry, datetime] | None:
+    def arguments(self) -> PlainClaim | None:
         self.claimed, self.sent_claim = None, False
         if self.skip():
             return None
@@ -73,7 +72,7 @@ class Following(ClaimRider):
         self.now = now = clock()
         self.kept_at, self.sent = time.monotonic(), clock.mark()
         self.sent_claim = True
-        return self.row, self.row.fence + 1, self.holder, Expiry(clock.lease_now(), self.ttl), now
+        return PlainClaim(self.row, self.row.fence + 1, self.holder, Expiry(clock.lease_now(), self.ttl), now)
 
     def took(self, claimed: ClaimedRow | None) -> None:
         self.claimed = claimed

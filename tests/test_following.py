@@ -66,12 +66,17 @@ def test_a_drive_asked_to_stop_during_a_body_claims_nothing_with_its_ending_writ
     assert report.completed == 1 and report.stopped
     first.refresh()
     assert first.status.name == "SUCCESSFUL"
-    run = JobRun.objects.get(pk=second.id)
+    _untouched_then_run_once(second, 3)
+
+
+def _untouched_then_run_once(result: Any, value: int) -> None:
+    """The task's run as it was enqueued (no lease, no attempt, no record), and the next drive runs it once."""
+    run = JobRun.objects.get(pk=result.id)
     assert run.status == Status.RUNNING and run.lease_holder is None and run.lease_expires_at is None
-    assert run.attempts == 0 and not JobAttempt.objects.filter(run_id=second.id).exists()
+    assert run.attempts == 0 and not JobAttempt.objects.filter(run_id=result.id).exists()
     assert run_due_jobs().completed == 1
-    second.refresh()
-    assert second.return_value == 3 and len(second.worker_ids) == 1
+    result.refresh()
+    assert result.return_value == value and len(result.worker_ids) == 1
 
 
 @pytest.mark.django_db(transaction=True)
@@ -100,12 +105,7 @@ def test_a_run_claimed_as_the_drive_stops_is_given_back_with_its_attempt_record(
         task_finished.disconnect(on_finished)
     assert seen[:2] == [first.id, (True, 1)], seen
     assert report.completed == 1 and report.stopped and report.attempted == 1
-    run = JobRun.objects.get(pk=second.id)
-    assert run.status == Status.RUNNING and run.lease_holder is None and run.lease_expires_at is None
-    assert run.attempts == 0 and not JobAttempt.objects.filter(run_id=second.id).exists()
-    assert run_due_jobs().completed == 1
-    second.refresh()
-    assert second.return_value == 4 and len(second.worker_ids) == 1
+    _untouched_then_run_once(second, 4)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -21,10 +21,21 @@ from ..models import JobRun
 from . import errors, watchdog
 from .deadlocks import retry_deadlocks
 from .retention import Retention
-from .rows import ClaimedRow, ClaimRider, Committed, DueRow, Ledger, Riders, StepWrite
+from .rows import ClaimedRow, ClaimRider, Committed, DueRow, Ledger, PlainClaim, Riders, StepWrite
 from .statements import RUN_FIELDS, ClockSQL, Expiry, Statements
 
-__all__ = ["GUARDED", "ClaimRider", "ClaimedRow", "Committed", "DueRow", "Ledger", "Riders", "StepWrite", "Store"]
+__all__ = [
+    "GUARDED",
+    "ClaimRider",
+    "ClaimedRow",
+    "Committed",
+    "DueRow",
+    "Ledger",
+    "PlainClaim",
+    "Riders",
+    "StepWrite",
+    "Store",
+]
 
 #: The store's operations, each bounded by the drive's watchdog (a partition cannot hang it).
 GUARDED = (
@@ -167,7 +178,7 @@ class Store(Retention):
         """
         if charge is None:
             with self._together(also), self.connection.cursor() as cur:
-                return self.claim_on(cur, row, fence, holder, expires, now, also)
+                return self.claim_on(cur, PlainClaim(row, fence, holder, expires, now), also)
         st = self.statements
         params = self._claim_params(row, fence, holder, expires, charge)
         with self._together(also), self.connection.cursor() as cur:
@@ -183,16 +194,7 @@ class Store(Retention):
         return self.read_run(row.id, now)
 
     def claim_on(
-        self,
-        cur: Any,
-        row: DueRow,
-        fence: int,
-        holder: str,
-        expires: Expiry,
-        now: datetime,
-        also: Riders | None = None,
-        *,
-        skip_locked: bool = False,
+        self, cur: Any, claim: PlainClaim, also: Riders | None = None, *, skip_locked: bool = False
     ) -> ClaimedRow | None:
         """The claim with no charge, on ``cur`` in the transaction it is in; ``also`` only if it held.
 
@@ -201,10 +203,10 @@ class Store(Retention):
         with ``skip_locked``: a run whose row another transaction holds locked
         is not claimed, rather than holding that ending write until the lock goes.
         """
-        st = self.statements
-        params = self._claim_params(row, fence, holder, expires, None)
+        st, row = self.statements, claim.row
+        params = self._claim_params(row, claim.fence, claim.holder, claim.expires, None)
         if skip_locked and self.locks_rows:
-            cur.execute(st.lock_if_free, [row.id, row.fence, *st.now_params(expires.now)])
+            cur.execute(st.lock_if_free, [row.id, row.fence, *st.now_params(claim.expires.now)])
             if cur.fetchone() is None:
                 return None
         if self.returning:
@@ -213,12 +215,12 @@ class Store(Retention):
             if found is None:
                 return None
             self._ride(cur, also)
-            return self._claimed(found, now)
+            return self._claimed(found, claim.now)
         cur.execute(st.claim, params)
         if cur.rowcount != 1:
             return None
         self._ride(cur, also)
-        return self.read_run(row.id, now)
+        return self.read_run(row.id, claim.now)
 
     def _together(self, also: Riders | None) -> Any:
         """One transaction for a write and its riders (a lone statement needs none)."""

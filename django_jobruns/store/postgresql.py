@@ -8,8 +8,8 @@ from typing import Any
 
 from django.db import transaction
 
-from .base import ClaimedRow, ClaimRider, Committed, DueRow, Riders, StepWrite, Store
-from .statements import RUN_FIELDS, Expiry, PostgresClockSQL
+from .base import ClaimedRow, ClaimRider, Committed, PlainClaim, Riders, StepWrite, Store
+from .statements import RUN_FIELDS, PostgresClockSQL
 
 
 class PostgresStore(Store):
@@ -20,24 +20,19 @@ class PostgresStore(Store):
     clock_sql = PostgresClockSQL()
 
     def claim_on(
-        self,
-        cur: Any,
-        row: DueRow,
-        fence: int,
-        holder: str,
-        expires: Expiry,
-        now: datetime,
-        also: Riders | None = None,
-        *,
-        skip_locked: bool = False,
+        self, cur: Any, claim: PlainClaim, also: Riders | None = None, *, skip_locked: bool = False
     ) -> ClaimedRow | None:
         st = self.statements
         text = st.claim_with_ledger_skipping if skip_locked else st.claim_with_ledger
-        cur.execute(text, self._claim_params(row, fence, holder, expires, None))
+        cur.execute(text, self._claim_params(claim.row, claim.fence, claim.holder, claim.expires, None))
         found = cur.fetchone()
         if found is None:
             return None
         self._ride(cur, also)
+        return self._claimed_with_ledger(found, claim.now)
+
+    def _claimed_with_ledger(self, found: tuple[Any, ...], now: datetime) -> ClaimedRow:
+        """The run's fields as a claim returned them, then its ledger as JSON."""
         steps = found[len(RUN_FIELDS)]
         ledger = [tuple(entry) for entry in steps] if steps else []
         return self._claimed(found[: len(RUN_FIELDS)], now, ledger)
@@ -71,7 +66,7 @@ class PostgresStore(Store):
             rider, also = also[0], None
             claim = rider.arguments()
             if claim is not None:
-                return self._commit_and_claim(run_id, fence, fields, drop_ledger, rider, *claim)
+                return self._commit_and_claim(run_id, fence, fields, drop_ledger, rider, claim)
         with self._together(also), self.connection.cursor() as cur:
             cur.execute(st.commit_fenced(fields, drop_ledger=drop_ledger), [*st.parameters(fields), run_id, fence])
             row = cur.fetchone()
@@ -80,30 +75,21 @@ class PostgresStore(Store):
         return None if row is None else Committed(row[0])
 
     def _commit_and_claim(
-        self,
-        run_id: str,
-        fence: int,
-        fields: dict[str, Any],
-        drop_ledger: bool,
-        rider: ClaimRider,
-        row: DueRow,
-        new_fence: int,
-        holder: str,
-        expires: Expiry,
-        now: datetime,
+        self, run_id: str, fence: int, fields: dict[str, Any], drop_ledger: bool, rider: ClaimRider, claim: PlainClaim
     ) -> Committed | None:
         """The pass's commit and the claim of the drive's next run in one statement (one round trip, one commit)."""
         st = self.statements
-        params = [*st.parameters(fields), run_id, fence, *self._claim_params(row, new_fence, holder, expires, None)]
+        took = self._claim_params(claim.row, claim.fence, claim.holder, claim.expires, None)
         with self._savepoint_if_nested(), self.connection.cursor() as cur:
-            cur.execute(st.commit_fenced_and_claim(fields, drop_ledger=drop_ledger), params)
+            cur.execute(
+                st.commit_fenced_and_claim(fields, drop_ledger=drop_ledger),
+                [*st.parameters(fields), run_id, fence, *took],
+            )
             found = cur.fetchone()
         if found is None:
             return None  # the fence did not hold: nothing written, nothing claimed
-        claimed, steps = found[1 : 1 + len(RUN_FIELDS)], found[1 + len(RUN_FIELDS)]
-        if claimed[0] is not None:
-            ledger = [tuple(entry) for entry in steps] if steps else []
-            rider.took(self._claimed(claimed, now, ledger))
+        if found[1] is not None:
+            rider.took(self._claimed_with_ledger(found[1:], claim.now))
         return Committed(found[0])
 
     def prune_batch(self, statuses: list[str], cutoff: datetime, size: int) -> tuple[int, int]:

@@ -48,6 +48,17 @@ class ClaimedRow:
     ledger: Ledger | None = None
 
 
+class PlainClaim(NamedTuple):
+    """A claim with no charge to write: the due row, the new fence, the holder, the lease's expiry, and now."""
+
+    row: DueRow
+    fence: int
+    holder: str
+    expires: Expiry
+    #: Judges the claimed run's backoff (the re-read's ``due``).
+    now: datetime
+
+
 class ClaimRider:
     """A claim that rides with another write (the drive's next run): called with its cursor.
 
@@ -61,8 +72,8 @@ class ClaimRider:
     def __call__(self, cur: Any) -> None:
         raise NotImplementedError
 
-    def arguments(self) -> tuple[DueRow, int, str, Expiry, datetime] | None:
-        """The claim's row, new fence, holder, expiry and now, as it is sent; ``None``: not to be made."""
+    def arguments(self) -> PlainClaim | None:
+        """The claim, as it is sent; ``None``: not to be made."""
         raise NotImplementedError
 
     def took(self, claimed: ClaimedRow | None) -> None:
