@@ -328,6 +328,7 @@ class _Drive(Lines):
             # been finished or rescheduled out of band since.
             if claimed.run.status != Status.RUNNING or not claimed.due:
                 self.report.add(Count.STALE)
+                claim.riders.extend(claim.undo)  # given back in ``finally``: no attempt was begun
                 return
             run = claimed.run
             if claim.took_over_from is not None and job.policy.exhausted(run.attempts):

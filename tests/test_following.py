@@ -173,3 +173,22 @@ def test_a_next_run_whose_row_another_transaction_holds_locked_does_not_hold_the
     after = JobRun.objects.get(pk=runs[1])
     assert after.lease_fence == before.lease_fence and after.lease_holder is None and after.attempts == 0
     assert run_due_jobs().completed == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_task_found_stale_under_its_claim_keeps_no_attempt_record_begun_with_it():
+    """Paused between the due read and the claim (here: a drive of that one run): given back as stale, no attempt."""
+    from django.utils import timezone
+
+    from tests.support import task_functions as t
+
+    result = t.add.enqueue(2, 3)
+    JobRun.objects.filter(pk=result.id).update(paused_at=timezone.now())
+    report = drive_run(result.id)
+    assert report.stale == 1 and report.completed == 0
+    assert not JobAttempt.objects.filter(run_id=result.id).exists()
+    JobRun.objects.filter(pk=result.id).update(paused_at=None)
+    assert run_due_jobs().completed == 1
+    result.refresh()
+    assert result.return_value == 5 and len(result.worker_ids) == 1
+    assert JobAttempt.objects.filter(run_id=result.id).count() == 1
