@@ -392,7 +392,7 @@ class _Attempt:
     def never_started(self) -> None:
         """The task was not run here (it cannot be imported): the record begun with the claim is removed."""
         self.ended = True
-        self.claim.riders.extend(self.claim.undo)
+        self.claim.never_started()
 
 
 def _quoted() -> tuple[Callable[[str], str], Any]:

@@ -27,9 +27,6 @@ The three rules of the lease live here, with their SQL in :mod:`.store`:
 from __future__ import annotations
 
 import logging
-import os
-import secrets
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -40,49 +37,16 @@ from typing import Any
 from . import keepalive, outcomes, signals, transitions
 from .conf import MIN_LEASE
 from .db import Clock
-from .exceptions import InvalidDriveOptions, LeaseLost, PassTimedOut, StepResultUnstorable
+from .exceptions import LeaseLost, PassTimedOut, StepResultUnstorable
 from .models import JobRun
 from .outcomes import LOST, TRANSIENT, Outcome, PassOutcome
 from .registry import Job
 from .store import store
-from .store.base import ClaimedRow, Committed, DueRow, StepWrite
+from .store.base import ClaimedRow, Committed, DueRow, PlainClaim, Riders, StepWrite
 from .store.deadlocks import retry_deadlocks
 from .store.statements import Expiry
 
 logger = logging.getLogger("django_jobruns")
-
-_holder_lock = threading.Lock()
-_holder: tuple[int, str] | None = None
-
-
-def default_holder() -> str:
-    """Return this process's holder name: host, pid and a random suffix.
-
-    Per process, never per deployment: the holder is what tells a renewal from
-    a theft, so two workers sharing one would take claims from each other.
-    Recomputed after a fork, since the child is another worker.
-    """
-    global _holder
-    pid = os.getpid()
-    with _holder_lock:
-        if _holder is None or _holder[0] != pid:
-            _holder = (pid, f"{socket.gethostname()}:{pid}:{secrets.token_hex(4)}")
-        return _holder[1]
-
-
-def holder_name(value: Any) -> str:
-    """The holder a drive claims as: ``value`` checked (D6), or :func:`default_holder` for ``None``."""
-    if value is None:
-        return default_holder()
-    if not isinstance(value, str) or not value.strip():
-        raise InvalidDriveOptions(
-            f"holder must be non-empty text, got {value!r}: it tells a renewal from a theft, "
-            "so use something per process, such as a pod name plus a pid"
-        )
-    if len(value) > 255:
-        raise InvalidDriveOptions(f"holder must be at most 255 characters, got {len(value)}")
-    return value
-
 
 #: The shortest timeout (and lease) there is, in seconds.
 _SHORTEST = MIN_LEASE.total_seconds()
@@ -153,17 +117,32 @@ class Claim:
         also, undo = job.on_claim(row.id, fence, holder, now) if job is not None and job.on_claim else ([], [])
         kept_at = time.monotonic()
         sent = clock.mark()
-        claimed = store().claim(row, fence, holder, Expiry(clock.lease_now(), ttl), now, charge=charge, also=also)
+        plain = PlainClaim(row, fence, holder, Expiry(clock.lease_now(), ttl), now)
+        claimed = store().claim(*plain, charge=charge, also=also)
         if claimed is None:
             return None
-        return cls.taken(row, claimed, holder, ttl, clock, sent, kept_at, now, undo)
+        return cls.taken(plain, claimed, ttl, clock, sent=sent, kept_at=kept_at, undo=undo)
 
     @classmethod
-    def taken(cls, row: DueRow, claimed: ClaimedRow, holder: str, ttl: timedelta, clock: Clock, *at: Any) -> Claimed:
-        """The claim a statement took, ``at`` its (sent, kept_at, now, undo): kept alive from now on (D17)."""
-        sent, kept_at, now, undo = at
-        claim = cls(row.id, holder, row.fence + 1, ttl, clock, sent, took_over_from=row.holder, kept_at=kept_at)
-        claim.taken_at, claim.undo = now, undo
+    def taken(
+        cls,
+        plain: PlainClaim,
+        claimed: ClaimedRow,
+        ttl: timedelta,
+        clock: Clock,
+        *,
+        sent: Any,
+        kept_at: float,
+        undo: Riders,
+    ) -> Claimed:
+        """The claim ``plain`` that a statement took: kept alive from now on (D17).
+
+        ``sent`` and ``kept_at`` are when the statement was sent, by ``clock.mark()`` and by
+        ``time.monotonic()``; ``undo`` undoes what rode with it, should its work never start.
+        """
+        row = plain.row
+        claim = cls(row.id, plain.holder, plain.fence, ttl, clock, sent, took_over_from=row.holder, kept_at=kept_at)
+        claim.taken_at, claim.undo = plain.now, undo
         keepalive.keep(claim)
         return Claimed(claim, claimed)
 
@@ -425,12 +404,17 @@ class Claim:
         never able to record a failure itself; the takeovers count for it.
         """
         error = outcomes.abandoned(self.took_over_from or "?", run.attempts)
-        self.riders.extend(self.undo)  # what rode with the claim (an attempt record begun) never started
+        self.never_started()
         if not self.write(transitions.abandoned(error, self.clock())):
             return LOST
         logger.error("run %s (%s) failed: %s", run.id, run.title, error)
         signals.send_run_failed(run, error)
         return PassOutcome(Outcome.FAILED, error=error)
+
+    def never_started(self) -> None:
+        """The claim's work never started: what rode with the claim (a task's attempt record begun) is undone
+        by its ending write."""
+        self.riders.extend(self.undo)
 
     def release(self) -> None:
         """Give the lease back without a pass's outcome (the pass wrote its own, or none ran)."""

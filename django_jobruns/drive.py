@@ -20,10 +20,11 @@ from django.db import DatabaseError
 from django.utils import timezone
 
 from . import conf, db, keepalive, telemetry
-from .claims import Claim, Claimed, default_holder, holder_name
+from .claims import Claim, Claimed
 from .due import due_rows
 from .exceptions import DatabaseReadOnly, DriveInTransaction, InvalidDriveOptions
 from .following import Following, Line, Lines
+from .holders import default_holder, holder_name
 from .models import JobRun, Status
 from .options import DriveOptions, StopSignal, drive_clock, lease_length, positive_int
 from .outcomes import TRANSIENT, Outcome, summary
@@ -328,7 +329,7 @@ class _Drive(Lines):
             # been finished or rescheduled out of band since.
             if claimed.run.status != Status.RUNNING or not claimed.due:
                 self.report.add(Count.STALE)
-                claim.riders.extend(claim.undo)  # given back in ``finally``: no attempt was begun
+                claim.never_started()  # given back in ``finally``
                 return
             run = claimed.run
             if claim.took_over_from is not None and job.policy.exhausted(run.attempts):

@@ -13,7 +13,7 @@ from datetime import datetime
 from django.db import DatabaseError
 
 from . import db
-from .claims import default_holder
+from .holders import default_holder
 from .models import MARKED_UNREGISTERED, TASKS_MODULE, UNREGISTERED_WARNING, JobRun, Status
 from .registry import Job, lookup
 from .report import Count, DriveReport

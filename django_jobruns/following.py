@@ -69,10 +69,11 @@ class Following(ClaimRider):
         if self.skip():
             return None
         clock = self.clock
-        self.now = now = clock()
+        now = clock()
         self.kept_at, self.sent = time.monotonic(), clock.mark()
         self.sent_claim = True
-        return PlainClaim(self.row, self.row.fence + 1, self.holder, Expiry(clock.lease_now(), self.ttl), now)
+        self.plain = PlainClaim(self.row, self.row.fence + 1, self.holder, Expiry(clock.lease_now(), self.ttl), now)
+        return self.plain
 
     def took(self, claimed: ClaimedRow | None) -> None:
         self.claimed = claimed
@@ -82,7 +83,7 @@ class Following(ClaimRider):
         self.landed = True
         if self.claimed is not None:
             self.claim = Claim.taken(
-                self.row, self.claimed, self.holder, self.ttl, self.clock, self.sent, self.kept_at, self.now, self.undo
+                self.plain, self.claimed, self.ttl, self.clock, sent=self.sent, kept_at=self.kept_at, undo=self.undo
             )
 
     def taken(self) -> Claimed | None:
@@ -173,6 +174,6 @@ class Lines:
 
     def give_back(self, claim: Claim) -> None:
         """Give back a claim whose work never started, with what rode with it (a task's attempt record begun)."""
-        claim.riders.extend(claim.undo)
+        claim.never_started()
         keepalive.forget(claim)
         self.release(claim)

@@ -8,8 +8,8 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 from . import conf, db
-from .claims import holder_name
 from .exceptions import InvalidDriveOptions
+from .holders import holder_name
 from .registry import Job, get_job, registered_jobs
 
 #: ``max_passes`` with a time budget and no cap of its own: the budget bounds the passes.

@@ -26,7 +26,7 @@ def _event(kind: str, run_id: str, step: str | None = None, note: str | None = N
         # A worker behind a faulty network: the effect goes straight to the
         # server, with whether this process's lease was live by the server's
         # clock as the body started -- a step on a lapsed lease is the fault.
-        from django_jobruns.claims import default_holder
+        from django_jobruns.holders import default_holder
 
         mysql = events_url.startswith("mysql://")
         if not _direct:
@@ -41,7 +41,7 @@ def _event(kind: str, run_id: str, step: str | None = None, note: str | None = N
         )
         cur.close()
         return
-    from django_jobruns.claims import default_holder
+    from django_jobruns.holders import default_holder
 
     backend = {"postgresql": "pg_backend_pid()", "mysql": "CONNECTION_ID()"}.get(connection.vendor, "NULL")
     with connection.cursor() as cur:
