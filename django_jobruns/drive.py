@@ -9,7 +9,6 @@ that fence, and the lease is given back in ``finally``.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +22,7 @@ from . import conf, db, keepalive, telemetry
 from .claims import Claim, Claimed
 from .due import due_rows
 from .exceptions import DatabaseReadOnly, DriveInTransaction, InvalidDriveOptions
-from .following import Following, Line, Lines
+from .following import Following, Line, drive_line, give_back
 from .holders import default_holder, holder_name
 from .models import JobRun, Status
 from .options import DriveOptions, StopSignal, drive_clock, lease_length, positive_int
@@ -185,7 +184,7 @@ def _round_on_a_live_connection(
     return False
 
 
-class _Drive(Lines):
+class _Drive:
     """One round of a drive: the due read, then each run claimed, driven and released."""
 
     def __init__(
@@ -196,8 +195,6 @@ class _Drive(Lines):
         self.deadline = deadline
         self.telemetry = traced.recorder if traced is not None else None
         self.parent = traced.parent if traced is not None else None
-        self.slots = options.limit
-        self.slots_lock = threading.Lock()
 
     def round(self) -> bool:
         """One pass over what is due now; return whether any run was claimed."""
@@ -221,9 +218,9 @@ class _Drive(Lines):
             options.queues,
             limited=options.limited,
         )
-        line = Line(rows, self.slots_lock)
+        line = Line(rows, options.limit)
         if options.concurrency == 1 or len(rows) <= 1:
-            self.drive_line(line)
+            drive_line(self, line)
         else:
             # Windowed: a claim is taken as its work starts, never for the whole batch up front, so
             # the tail of a long batch does not expire unworked. Each thread keeps its connection for
@@ -253,7 +250,7 @@ class _Drive(Lines):
         """Drive the round's runs one after another until none is left or the drive stops; then close the connection."""
         try:
             with watchdog.bounding(self.options.statement_bound), telemetry.attached(self.parent):
-                self.drive_line(line)
+                drive_line(self, line)
         finally:
             db.connection().close()
 
@@ -276,40 +273,34 @@ class _Drive(Lines):
             db.replace_if_broken()
             return None
 
-    def handle(
-        self, row: DueRow, taken: Claimed | None = None, line: Line | None = None
-    ) -> tuple[bool, Following | None]:
+    def handle(self, row: DueRow, taken: Claimed | None, line: Line) -> tuple[bool, Following | None]:
         """Drive one run (``taken``: claimed already): False once told to take no more; the next if claimed with it."""
         stopping, job = self.stopping(), lookup(row.module, row.job)
         if stopping or job is None:  # job None: unregistered since the due read, stepped over
             if taken is not None:
-                self.give_back(taken.claim)  # claimed as the run before it ended: its work never started
+                give_back(taken.claim, self.release)  # claimed as the run before it ended: its work never started
             return not stopping, None
         # Each statement under the claim bounded by half the claim's own lease (D15): a job's short
         # lease under a drive's long one still has its statements cut while its lease holds.
         with watchdog.bounding(self.options.lease_for(job).total_seconds() / 2):
             return self._handle(row, job, taken, line)
 
-    def _handle(self, row: DueRow, job: Job, taken: Claimed | None, line: Line | None) -> tuple[bool, Following | None]:
+    def _handle(self, row: DueRow, job: Job, taken: Claimed | None, line: Line) -> tuple[bool, Following | None]:
         if taken is None:
-            with self.slots_lock:
-                if self.slots == 0:
-                    return False, None  # ``limit`` runs taken
-                self.slots -= 1
+            if not line.reserve():
+                return False, None  # ``limit`` runs taken
             taken = self.take(row, job)
-        if taken is None:
-            self.report.add(Count.SKIPPED)
-            with self.slots_lock:
-                self.slots += 1
-            if line is not None:
+            if taken is None:
+                self.report.add(Count.SKIPPED)
+                line.unreserve()
                 line.contended()
-            return True, None
-        following = taken.claim.following = self.follow(line)
+                return True, None
+        following = taken.claim.following = line.following(self.options, self.ending)
         try:
             self._drive_claim(row, job, taken)
         except BaseException:
             if following is not None and (claim := following.taken()) is not None:
-                self.give_back(claim.claim)
+                give_back(claim.claim, self.release)
             raise
         return True, following
 
@@ -445,5 +436,5 @@ def drive_run(
         held_by = run.lease_holder if lapsed else None
         row = DueRow(run.id, run.lease_fence, run.module, run.job, held_by, run.queue_name, run.priority, run.due_at)
         with telemetry.traced_drive(options.holder) as traced:
-            _Drive(report, options, None, traced).handle(row)
+            _Drive(report, options, None, traced).handle(row, None, Line([], options.limit))
     return report

@@ -25,7 +25,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from . import keepalive
 from .claims import Claim, Claimed
@@ -96,21 +96,35 @@ class Following(ClaimRider):
 
 
 class Line:
-    """A round's due rows, in the order its drive takes them; shared by its threads under ``lock``.
+    """A round's due rows, in the order its drive takes them, and how many more runs it may take (``limit``).
 
-    Runs are taken oldest first. Once a claim is lost to another worker, the
-    rest are taken in random order, so workers started together stop racing
-    each other for the same next run.
+    Shared by the drive's threads under its lock. Runs are taken oldest first.
+    Once a claim is lost to another worker, the rest are taken in random order,
+    so workers started together stop racing each other for the same next run.
     """
 
-    def __init__(self, rows: list[DueRow], lock: threading.Lock) -> None:
+    def __init__(self, rows: list[DueRow], limit: int) -> None:
         self.pending = list(rows)
-        self.lock = lock
+        self.slots = limit
+        self.lock = threading.Lock()
         self.shuffled = False
 
     def next(self) -> DueRow | None:
         with self.lock:
             return self.pending.pop(0) if self.pending else None
+
+    def reserve(self) -> bool:
+        """Take one of the round's slots for a claim about to be made; False once ``limit`` runs are taken."""
+        with self.lock:
+            if self.slots == 0:
+                return False
+            self.slots -= 1
+            return True
+
+    def unreserve(self) -> None:
+        """The reserved claim was not made, or took nothing: its slot is free again."""
+        with self.lock:
+            self.slots += 1
 
     def contended(self) -> None:
         """A claim was lost to another worker: the rest of the line in random order, once."""
@@ -119,61 +133,52 @@ class Line:
                 self.shuffled = True
                 random.shuffle(self.pending)
 
+    def following(self, options: DriveOptions, skip: Callable[[], bool]) -> Following | None:
+        """The next run, its slot reserved, to be claimed by the ending write of the run claimed now.
 
-class Lines:
-    """A drive's round, taking its runs in line: each claimed, when it can be, with the ending write of the last."""
-
-    options: DriveOptions
-    report: DriveReport
-    #: How many more runs the round may take (``limit``), under its line's lock.
-    slots: int
-
-    def handle(
-        self, row: DueRow, taken: Claimed | None = None, line: Line | None = None
-    ) -> tuple[bool, Following | None]:
-        raise NotImplementedError
-
-    def ending(self) -> bool:
-        raise NotImplementedError
-
-    def release(self, claim: Claim) -> None:
-        raise NotImplementedError
-
-    def drive_line(self, line: Line) -> None:
-        """Drive the line's runs one after another; each claimed, when it can be, by the write that ends the last."""
-        row, taken = line.next(), None
-        while row is not None:
-            go_on, following = self.handle(row, taken, line)
-            if not go_on:
-                return
-            if following is None:
-                row, taken = line.next(), None
-                continue
-            row, taken = following.row, following.taken()
-            if taken is None:
-                with line.lock:
-                    self.slots += 1  # reserved when it was chosen: its own claim reserves it again
-                if following.lost_to_another():
-                    self.report.add(Count.SKIPPED)
-                    line.contended()
-                    row = line.next()
-
-    def follow(self, line: Line | None) -> Following | None:
-        """The line's next run, to be claimed by the ending write of the run being claimed now (a plain claim only)."""
-        if line is None:
-            return None
-        with line.lock:
-            row = line.pending[0] if line.pending and self.slots > 0 else None
+        Only a plain claim rides: a row with no holder recorded, whose job is registered here.
+        """
+        with self.lock:
+            row = self.pending[0] if self.pending and self.slots > 0 else None
             job = lookup(row.module, row.job) if row is not None and row.holder is None else None
             if row is None or job is None:
                 return None
-            line.pending.pop(0)
+            self.pending.pop(0)
             self.slots -= 1
-        options = self.options
-        return Following(row, job, options.holder, options.lease_for(job), options.clock, self.ending)
+        return Following(row, job, options.holder, options.lease_for(job), options.clock, skip)
 
-    def give_back(self, claim: Claim) -> None:
-        """Give back a claim whose work never started, with what rode with it (a task's attempt record begun)."""
-        claim.never_started()
-        keepalive.forget(claim)
-        self.release(claim)
+
+class Driver(Protocol):
+    """What :func:`drive_line` asks of the drive (``drive._Drive``)."""
+
+    report: DriveReport
+
+    def handle(self, row: DueRow, taken: Claimed | None, line: Line) -> tuple[bool, Following | None]:
+        """Drive one run (``taken``: claimed already); False once told to take no more; the next if claimed with it."""
+        ...
+
+
+def drive_line(drive: Driver, line: Line) -> None:
+    """Drive the line's runs one after another; each claimed, when it can be, by the write that ends the last."""
+    row, taken = line.next(), None
+    while row is not None:
+        go_on, following = drive.handle(row, taken, line)
+        if not go_on:
+            return
+        if following is None:
+            row, taken = line.next(), None
+            continue
+        row, taken = following.row, following.taken()
+        if taken is None:
+            line.unreserve()  # reserved when it was chosen: its own claim reserves it again
+            if following.lost_to_another():
+                drive.report.add(Count.SKIPPED)
+                line.contended()
+                row = line.next()
+
+
+def give_back(claim: Claim, release: Callable[[Claim], None]) -> None:
+    """Give back a claim whose work never started, with what rode with it (a task's attempt record begun)."""
+    claim.never_started()
+    keepalive.forget(claim)
+    release(claim)
