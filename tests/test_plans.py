@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -265,28 +267,30 @@ def suppliers(count: int) -> None:
         cur.execute("SELECT gin_clean_pending_list('jobruns_search_error'::regclass)")
 
 
-def analysed(sql: str) -> dict:
-    """The plan of ``sql`` as run (EXPLAIN ANALYZE, with buffers), and each index's size in pages."""
+def analysed(sql: str) -> dict[str, Any]:
+    """The plan of ``sql`` as run (EXPLAIN ANALYZE, with the pages each node read)."""
     with connection.cursor() as cur:
         cur.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}")
         (document,) = cur.fetchone()
-    return document[0]["Plan"]
+    plan: dict[str, Any] = document[0]["Plan"]
+    return plan
 
 
-def nodes(node: dict):
+def nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
     yield node
     for child in node.get("Plans", []):
         yield from nodes(child)
 
 
-def blocks(node: dict) -> int:
-    return node["Shared Hit Blocks"] + node["Shared Read Blocks"]
+def blocks(node: dict[str, Any]) -> int:
+    return int(node["Shared Hit Blocks"]) + int(node["Shared Read Blocks"])
 
 
 def index_pages(name: str) -> int:
     with connection.cursor() as cur:
         cur.execute("SELECT pg_relation_size(%s::regclass) / 8192", [name])
-        return cur.fetchone()[0]
+        (pages,) = cur.fetchone()
+    return int(pages)
 
 
 @pytest.mark.skipif("connection.vendor != 'postgresql'", reason="trigram indexes are PostgreSQL's")
