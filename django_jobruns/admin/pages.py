@@ -59,7 +59,13 @@ class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
                 self.first_page_rows = first
                 return len(first)
         if not self.estimate_filtered:
-            found = queryset.order_by()[: self.COUNT_SEARCH_UP_TO + 1].count()
+            bounded = queryset.order_by()
+            if connections[queryset.db].vendor == "postgresql":
+                # Newest first: a prune deletes the oldest runs, and until a vacuum their dead rows
+                # lead the table. Read in no order, a word many runs hold was counted by reading
+                # through them first (1.5 s on the first view after a prune at ten million runs).
+                bounded = queryset.order_by("-pk")
+            found = bounded[: self.COUNT_SEARCH_UP_TO + 1].count()
             self.capped = found > self.COUNT_SEARCH_UP_TO
             return min(found, self.COUNT_SEARCH_UP_TO)
         if connections[queryset.db].vendor not in estimates.ESTIMATING:
