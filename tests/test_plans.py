@@ -350,3 +350,41 @@ def test_a_searchs_bounded_count_reads_the_newest_runs_first(admin_client, monke
     (count,) = [q for q in queries if "LIKE UPPER(" in q and q.startswith("SELECT COUNT(*)")]
     # (At a million runs the plan reads the primary key backwards; a small table is sorted instead.)
     assert count.endswith('ORDER BY "django_jobruns_jobrun"."id" DESC LIMIT 21) subquery'), count
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="trigram indexes are PostgreSQL's")
+@pytest.mark.django_db(transaction=True)
+def test_migration_0021_builds_the_wide_signature_index_and_its_statistics_and_back():
+    from django.core.management import call_command
+
+    suppliers(200)
+
+    def state() -> tuple[dict[str, str], dict[str, int]]:
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'django_jobruns_jobrun' "
+                "AND indexname LIKE 'jobruns_search_%%'"
+            )
+            indexes = dict(cur.fetchall())
+            cur.execute(
+                "SELECT c.relname, a.attstattarget FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
+                "WHERE c.relname IN ('jobruns_search_instance_sig', 'jobruns_search_error') AND a.attnum = 1"
+            )
+            targets = {name: int(target) for name, target in cur.fetchall()}
+        return indexes, targets
+
+    try:
+        call_command("migrate", "django_jobruns", "0020", verbosity=0)
+        indexes, targets = state()
+        assert set(indexes) == {"jobruns_search_instance_gist", "jobruns_search_error"}, indexes
+        assert "siglen" not in indexes["jobruns_search_instance_gist"]
+        assert targets["jobruns_search_error"] in (-1, 0), targets  # the default (its spelling varies by version)
+    finally:
+        call_command("migrate", "django_jobruns", verbosity=0)
+    indexes, targets = state()
+    assert set(indexes) == {"jobruns_search_instance_sig", "jobruns_search_error"}, indexes
+    assert "siglen='256'" in indexes["jobruns_search_instance_sig"], indexes
+    assert targets == {"jobruns_search_instance_sig": 1000, "jobruns_search_error": 1000}, targets
+    with connection.cursor() as cur:  # the new index's expression has statistics: the table was analysed
+        cur.execute("SELECT COUNT(*) FROM pg_stats WHERE tablename = 'jobruns_search_instance_sig'")
+        assert cur.fetchone()[0] == 1
