@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -41,7 +41,8 @@ def captured(fn):
     return [q["sql"] for q in ctx.captured_queries]
 
 
-def seed():
+def seed(count: int = 50, error: Callable[[int], str | None] = lambda i: f"UpstreamUnavailable {i}") -> None:
+    """``count`` ended runs of instances ``supplier-0`` … (keys sharing a prefix, digits after it)."""
     now = timezone.now()
     JobRun.objects.bulk_create(
         [
@@ -54,9 +55,9 @@ def seed():
                 started_at=now,
                 updated_at=now,
                 ended_at=now,
-                last_error=f"UpstreamUnavailable {i}",
+                last_error=error(i),
             )
-            for i in range(50)
+            for i in range(count)
         ]
     )
 
@@ -242,24 +243,8 @@ def test_the_job_filters_stray_jobs_are_found_through_an_index(admin_client):
 
 
 def suppliers(count: int) -> None:
-    """``count`` ended runs of instances ``supplier-0`` … (keys sharing a prefix, digits after it), analysed."""
-    now = timezone.now()
-    JobRun.objects.bulk_create(
-        [
-            JobRun(
-                module="tests",
-                job="walk",
-                instance=f"supplier-{i}",
-                status=Status.DONE,
-                live=None,
-                started_at=now,
-                updated_at=now,
-                ended_at=now,
-                last_error=f"UpstreamUnavailable: supplier {i} reset after page {i % 97}" if i % 4 == 2 else None,
-            )
-            for i in range(count)
-        ]
-    )
+    """:func:`seed`, a quarter of them with an error text, the table analysed."""
+    seed(count, lambda i: f"UpstreamUnavailable: supplier {i} reset after page {i % 97}" if i % 4 == 2 else None)
     with connection.cursor() as cur:
         cur.execute("ANALYZE django_jobruns_jobrun")
         # New entries of a GIN index wait in a list every scan reads through, until a vacuum (or 4 MB
