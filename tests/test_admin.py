@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import sys
 from datetime import timedelta
 
 import pytest
@@ -764,3 +765,17 @@ def test_estimates_asked_together_are_each_the_estimate_asked_alone(monkeypatch,
     assert planned == alone and len(ctx.captured_queries) == (1 if together else len(each))
     # Parameters that are not the query's own, in its order: not asked (the caller asks one by one).
     assert estimates.planned_rows_each(query, [list(reversed(p)) for p in each]) is None
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="the estimates asked together are PostgreSQL's")
+def test_estimates_are_asked_one_by_one_where_psycopg_3_is_not_installed(monkeypatch):
+    """Django also runs on psycopg2, which reads only the last of several statements sent together."""
+    finished_runs(10, "e")
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # ``import psycopg`` fails, as without it
+    rows, now = JobRun.objects.all(), timezone.now()
+    each = [[now - timedelta(hours=h), now, Status.DONE] for h in (1, 30)]
+    query = rows.filter(ended_at__gte=each[0][0], ended_at__lt=each[0][1], status=each[0][2]).order_by().values("pk")
+    with CaptureQueriesContext(connection) as ctx:
+        planned = estimates.planned_rows_each(query, each)
+    alone = [estimates.planned_rows(rows.filter(ended_at__gte=a, ended_at__lt=b, status=s)) for a, b, s in each]
+    assert planned == alone and len(ctx.captured_queries) == 2

@@ -99,9 +99,14 @@ def planned_rows_each(queryset: QuerySet[Any], params_each: list[list[Any]]) -> 
 
 
 def _binds_on_the_client(cursor: Any) -> bool:
-    """Whether the driver's cursor puts the parameters into the text (psycopg's ``ClientCursor``)."""
-    from psycopg import ClientCursor
+    """Whether the driver's cursor puts the parameters into the text (psycopg's ``ClientCursor``).
 
+    psycopg2, which Django also runs on, is not asked: it reads only the last of several statements.
+    """
+    try:
+        from psycopg import ClientCursor
+    except ImportError:
+        return False
     while hasattr(cursor, "cursor"):  # Django's wrappers
         cursor = cursor.cursor
     return isinstance(cursor, ClientCursor)
