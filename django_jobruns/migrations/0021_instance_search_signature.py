@@ -75,9 +75,9 @@ def backwards(apps, schema_editor):
     connection = schema_editor.connection
     if connection.vendor != "postgresql" or not _trigram_available(connection):
         return
-    _statistics(schema_editor, -1)  # the default again
     _build(schema_editor, NARROW, "")
     schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {connection.ops.quote_name(WIDE)}")
+    _statistics(schema_editor, -1)  # the default again; analysed once the narrow index is back
 
 
 class Migration(migrations.Migration):
