@@ -116,10 +116,13 @@ class Line:
     def reserve(self) -> bool:
         """Take one of the round's slots for a claim about to be made; False once ``limit`` runs are taken."""
         with self.lock:
-            if self.slots == 0:
-                return False
-            self.slots -= 1
-            return True
+            return self._reserve_held()
+
+    def _reserve_held(self) -> bool:
+        if self.slots == 0:
+            return False
+        self.slots -= 1
+        return True
 
     def unreserve(self) -> None:
         """The reserved claim was not made, or took nothing: its slot is free again."""
@@ -139,12 +142,11 @@ class Line:
         Only a plain claim rides: a row with no holder recorded, whose job is registered here.
         """
         with self.lock:
-            row = self.pending[0] if self.pending and self.slots > 0 else None
+            row = self.pending[0] if self.pending else None
             job = lookup(row.module, row.job) if row is not None and row.holder is None else None
-            if row is None or job is None:
+            if row is None or job is None or not self._reserve_held():
                 return None
             self.pending.pop(0)
-            self.slots -= 1
         return Following(row, job, options.holder, options.lease_for(job), options.clock, skip)
 
 

@@ -58,8 +58,7 @@ def planned_rows(queryset: QuerySet[Any]) -> int | None:
     """The rows the planner expects ``queryset`` to return (PostgreSQL) or read (MariaDB/MySQL); ``None`` if unknown."""
     vendor = connections[queryset.db].vendor
     if vendor == "postgresql":
-        plan = json.loads(queryset.explain(format="json"))
-        return int(plan[0]["Plan"]["Plan Rows"])
+        return _plan_rows(queryset.explain(format="json"))
     if vendor != "mysql":
         return None
     sql, params = queryset.values("pk").query.sql_with_params()
@@ -113,5 +112,6 @@ def _binds_on_the_client(cursor: Any) -> bool:
 
 
 def _plan_rows(document: Any) -> int:
+    """The rows at the top of a plan in JSON (as text, or as psycopg decoded it)."""
     plan = json.loads(document) if isinstance(document, str) else document
     return int(plan[0]["Plan"]["Plan Rows"])
