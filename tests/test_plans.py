@@ -296,7 +296,9 @@ def test_a_search_for_a_word_no_instance_holds_reads_next_to_nothing_of_the_inst
     (scan,) = [n for n in nodes(analysed(search)) if n.get("Index Name", "").startswith("jobruns_search_instance")]
     pages = index_pages(scan["Index Name"])
     assert pages > 50, pages  # enough of an index for reading it through to show
-    assert blocks(scan) <= 3, f"read {blocks(scan)} of the index's {pages} pages to find no instance holds 'PEER'"
+    # The root and a few pages under it (more of them once earlier tests have grown the index); with
+    # 12-byte signatures this read 84 of 188 pages.
+    assert blocks(scan) <= 10, f"read {blocks(scan)} of the index's {pages} pages to find no instance holds 'PEER'"
 
 
 @pytest.mark.skipif("connection.vendor != 'postgresql'", reason="trigram indexes are PostgreSQL's")
