@@ -101,10 +101,7 @@ def test_operator_filters_to_failed_runs_and_restarts_one(browser, live_server, 
     User.objects.create_superuser("admin", password="jobruns-demo")
     failed = _seed()
 
-    browser.get(f"{live_server.url}/admin/login/?next=/admin/django_jobruns/jobrun/")
-    browser.find_element(By.NAME, "username").send_keys("admin")
-    browser.find_element(By.NAME, "password").send_keys("jobruns-demo")
-    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    log_in(browser, live_server, "/admin/django_jobruns/jobrun/")
     assert browser.find_element(By.ID, "result_list")
     browser.save_screenshot(str(screenshots / "changelist.png"))
 
@@ -124,6 +121,22 @@ def test_operator_filters_to_failed_runs_and_restarts_one(browser, live_server, 
     new = JobRun.objects.get(restarted_from=failed)
     assert browser.current_url.endswith(f"/admin/django_jobruns/jobrun/{new.pk}/change/")
     assert new.status == Status.RUNNING and new.cursor is None
+
+
+def log_in(browser, live_server, destination):
+    """Log in as the demo admin and wait until the browser has arrived at ``destination``.
+
+    The click only sends the form: a ``get`` issued before the answer arrives can race the session
+    cookie and land on the login page again.
+    """
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(f"{live_server.url}/admin/login/?next={destination}")
+    browser.find_element(By.NAME, "username").send_keys("admin")
+    browser.find_element(By.NAME, "password").send_keys("jobruns-demo")
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    WebDriverWait(browser, 15).until(lambda driver: driver.current_url == f"{live_server.url}{destination}")
 
 
 def success_says(browser, text):
@@ -149,10 +162,7 @@ def test_operator_pauses_unpauses_and_cancels_a_running_run(browser, live_server
     _seed()
     running = JobRun.objects.get(instance="supplier-3")
 
-    browser.get(f"{live_server.url}/admin/login/?next=/admin/django_jobruns/jobrun/{running.pk}/change/")
-    browser.find_element(By.NAME, "username").send_keys("admin")
-    browser.find_element(By.NAME, "password").send_keys("jobruns-demo")
-    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    log_in(browser, live_server, f"/admin/django_jobruns/jobrun/{running.pk}/change/")
 
     browser.find_element(By.ID, "jobruns-pause").click()
     success_says(browser, f"Paused run {running.pk}")
@@ -195,10 +205,7 @@ def test_changelist_is_readable_at_1280_px(browser, live_server, screenshots):
         last_error="UpstreamUnavailable:" + "connection-reset-by-peer/" * 12,
     )
     browser.set_window_size(1280, 900)
-    browser.get(f"{live_server.url}/admin/login/?next=/admin/django_jobruns/jobrun/")
-    browser.find_element(By.NAME, "username").send_keys("admin")
-    browser.find_element(By.NAME, "password").send_keys("jobruns-demo")
-    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    log_in(browser, live_server, "/admin/django_jobruns/jobrun/")
     assert browser.find_element(By.ID, "result_list")
     browser.save_screenshot(str(screenshots / "changelist-1280.png"))
     sizes = browser.execute_script("""
@@ -233,10 +240,7 @@ def test_the_overview_shows_each_states_count_and_the_days_chart_in_light_and_da
         JobRun.objects.filter(pk=run.pk).update(status=status, live=None, ended_at=now - timedelta(hours=hours_ago))
     lapsed, _ = start_job_run("demo.import_catalog", instance="supplier-9")
     JobRun.objects.filter(pk=lapsed.pk).update(lease_holder="host:1:a", lease_expires_at=now - timedelta(minutes=3))
-    browser.get(f"{live_server.url}/admin/login/?next=/admin/django_jobruns/jobrun/")
-    browser.find_element(By.NAME, "username").send_keys("admin")
-    browser.find_element(By.NAME, "password").send_keys("jobruns-demo")
-    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    log_in(browser, live_server, "/admin/django_jobruns/jobrun/")
     tiles = {
         tile.find_element(By.CSS_SELECTOR, ".jobruns-label").text: int(
             tile.find_element(By.CSS_SELECTOR, ".jobruns-count").text
@@ -291,7 +295,6 @@ def test_the_overview_shows_each_states_count_and_the_days_chart_in_light_and_da
 @pytest.mark.django_db(transaction=True)
 def test_the_change_views_buttons_sit_on_one_line_in_light_and_dark(browser, live_server, screenshots):
     """Every object tool -- the app's forms' buttons, its links, Django's History -- on one baseline, one height."""
-    from selenium.webdriver.common.by import By
 
     User.objects.create_superuser("admin", password="jobruns-demo")
     failed = _seed()
@@ -299,10 +302,7 @@ def test_the_change_views_buttons_sit_on_one_line_in_light_and_dark(browser, liv
     JobRun.objects.filter(pk=running.pk).update(
         lease_holder="web-3:4242:ab", lease_expires_at=timezone.now() - timedelta(minutes=2)
     )
-    browser.get(f"{live_server.url}/admin/login/?next=/admin/django_jobruns/jobrun/{running.pk}/change/")
-    browser.find_element(By.NAME, "username").send_keys("admin")
-    browser.find_element(By.NAME, "password").send_keys("jobruns-demo")
-    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    log_in(browser, live_server, f"/admin/django_jobruns/jobrun/{running.pk}/change/")
     measure = """
         return [...document.querySelectorAll('.object-tools button, .object-tools a')].map(tool => {
             const box = tool.getBoundingClientRect();
@@ -349,10 +349,7 @@ def test_operator_runs_pauses_and_unpauses_a_schedule(browser, live_server, scre
     schedules.forget_sync()
     schedules.sync(datetime.now(UTC))
     User.objects.create_superuser("admin", password="jobruns-demo")
-    browser.get(f"{live_server.url}/admin/login/?next=/admin/django_jobruns/jobschedule/")
-    browser.find_element(By.NAME, "username").send_keys("admin")
-    browser.find_element(By.NAME, "password").send_keys("jobruns-demo")
-    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    log_in(browser, live_server, "/admin/django_jobruns/jobschedule/")
     row = browser.find_element(By.CSS_SELECTOR, "#result_list tbody tr")
     assert "At 03:00 every day" in row.text and "Europe/Paris" in row.text
     browser.save_screenshot(str(screenshots / "schedules.png"))
