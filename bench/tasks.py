@@ -39,6 +39,7 @@ def phase(
     url = fresh_database(db, name)
     setup_django(url, sqlite_mode)  # SQLite: IMMEDIATE, with WAL or the rollback journal (synchronous=FULL)
     from django.db import transaction
+    from django.db.models import Max
 
     from bench.tasks_app import task_functions as t
 
@@ -48,12 +49,18 @@ def phase(
         def finished() -> int:
             return JobRun.objects.filter(status__in=["done", "failed"]).count()
 
+        def last_finish() -> float:
+            return JobRun.objects.aggregate(last=Max("ended_at"))["last"].timestamp()
+
         command = ["run_due_jobs", "--max-seconds", "600", "--limit", "50", "--concurrency", str(concurrency)]
     else:
         from django_tasks_db.models import DBTaskResult
 
         def finished() -> int:
             return DBTaskResult.objects.filter(status__in=["SUCCESSFUL", "FAILED"]).count()
+
+        def last_finish() -> float:
+            return DBTaskResult.objects.aggregate(last=Max("finished_at"))["last"].timestamp()
 
         command = ["db_worker"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -71,18 +78,23 @@ def phase(
             while finished() < count:
                 if time.monotonic() > deadline or worker.poll() is not None:
                     raise SystemExit(f"{which}: {finished()} of {count} tasks finished")
-                time.sleep(0.002)
+                # Not a tight loop: on a machine of two cores, a poll every few milliseconds takes
+                # processor time from the worker and the database it measures.
+                time.sleep(0.02)
 
         t.noop.enqueue()  # the worker is up and waiting once this one has run
         wait_for(1)
         with transaction.atomic():
             for _ in range(tasks):
                 t.noop.enqueue()
-        began, cpu_began = time.perf_counter(), cpu_seconds(worker.pid)
+        began, cpu_began, machine_began = time.time(), cpu_seconds(worker.pid), machine_ticks()
         wait_for(1 + tasks)
-        wall = time.perf_counter() - began
+        cpu_ended, cpu_wall, machine_ended = cpu_seconds(worker.pid), time.time() - began, machine_ticks()
+        # From the enqueue's commit to the last task's finish as its row records it (the worker's
+        # clock, this machine's), not to when the poll saw it.
+        wall = last_finish() - began
         per_second = tasks / wall
-        cpu_share = (cpu_seconds(worker.pid) - cpu_began) / wall
+        cpu_share = (cpu_ended - cpu_began) / cpu_wall
         waits = []
         phase_rng = random.Random(7)
         for n in range(latency):
@@ -102,8 +114,17 @@ def phase(
 
         connections.close_all()
         drop_database(db, name)
-    # The worker's processor time over the throughput's wall time: 1.0 is one core kept busy.
-    return {"tasks_per_s": per_second, "latency_p50_s": statistics.median(waits), "worker_cpu": round(cpu_share, 2)}
+    # The worker's processor time over the throughput's wall time: 1.0 is one core kept busy. The
+    # machine's: the cores busy (the worker, the database's backends, this poll, anything else).
+    busy, total = (ended - began for ended, began in zip(machine_ended, machine_began, strict=True))
+    cores = os.cpu_count() or 1
+    return {
+        "tasks_per_s": per_second,
+        "latency_p50_s": statistics.median(waits),
+        "worker_cpu": round(cpu_share, 2),
+        "machine_cpu": round(cores * busy / total, 2) if total else 0.0,
+        "cores": cores,
+    }
 
 
 def cpu_seconds(pid: int) -> float:
@@ -113,6 +134,16 @@ def cpu_seconds(pid: int) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_ticks() -> tuple[int, int]:
+    """The machine's busy and total processor ticks so far, all cores (Linux's /proc/stat; 0 elsewhere)."""
+    try:
+        ticks = [int(tick) for tick in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except OSError:
+        return 0, 0
+    idle = ticks[3] + ticks[4]  # idle and iowait
+    return sum(ticks) - idle, sum(ticks)
 
 
 def main() -> int:
@@ -161,17 +192,28 @@ def main() -> int:
 def compare_concurrency(args: argparse.Namespace) -> int:
     """This app's worker driving N runs at once against one at a time, rounds interleaved."""
     rates: dict[int, list[float]] = {1: [], args.concurrency: []}
+    busy: dict[int, list[float]] = {1: [], args.concurrency: []}
     for round_ in range(args.rounds):
         order = [1, args.concurrency] if round_ % 2 == 0 else [args.concurrency, 1]
         for n in order:
             sizes = ["--tasks", str(args.tasks), "--latency", "1", "--sqlite-mode", args.sqlite_mode]
             figures = run_phase("tasks.py", "--db", args.db, "--phase", "ours", "--phase-concurrency", str(n), *sizes)
             rates[n].append(figures["tasks_per_s"])
+            busy[n].append(figures["machine_cpu"])
             print(f"round {round_ + 1} concurrency {n}: {json.dumps(figures)}", flush=True)
     one, many = median(rates[1]), median(rates[args.concurrency])
+    cores = os.cpu_count() or 1
+    # The machine's processor time per task (every process: the worker, the database's backends),
+    # and the ratio the cores allow were that time the same with N at once: cores over what one used.
+    per_task = {n: 1000 * median(busy[n]) / median(rates[n]) for n in rates}
+    ceiling = cores / median(busy[1]) if median(busy[1]) else 0.0
     print(
         f"db={args.db} tasks={args.tasks} rounds={args.rounds} concurrency_1_tasks_per_s={one:.0f} "
-        f"concurrency_{args.concurrency}_tasks_per_s={many:.0f} ratio={many / one:.2f}"
+        f"concurrency_{args.concurrency}_tasks_per_s={many:.0f} ratio={many / one:.2f} "
+        f"cores={cores} cores_busy_1={median(busy[1]):.2f} "
+        f"cores_busy_{args.concurrency}={median(busy[args.concurrency]):.2f} "
+        f"cpu_ms_per_task_1={per_task[1]:.2f} cpu_ms_per_task_{args.concurrency}={per_task[args.concurrency]:.2f} "
+        f"ratio_the_cores_allow={ceiling:.2f}"
     )
     return 0
 

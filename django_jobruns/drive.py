@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -20,6 +19,7 @@ from django.utils import timezone
 
 from . import conf, db, keepalive, telemetry
 from .claims import Claim, Claimed
+from .crew import Crew
 from .due import due_rows
 from .exceptions import DatabaseReadOnly, DriveInTransaction, InvalidDriveOptions
 from .following import Following, Line, drive_line, give_back
@@ -112,20 +112,21 @@ def run_due_jobs(
 def _drive(
     report: DriveReport, options: DriveOptions, stop: StopSignal | None, traced: telemetry.Traced | None
 ) -> DriveReport:
-    if options.budget is None:
-        _round_on_a_live_connection(report, options, deadline=None, traced=traced)
-        return report
-    deadline = time.monotonic() + options.budget
-    with notify.Waiter(stop, options.statement_bound) as waiter:
-        while True:
-            worked = _round_on_a_live_connection(report, options, deadline, traced=traced)
-            if report.stopped or time.monotonic() >= deadline:
-                break
-            if not worked:
-                waiter.wait(until_next_tick(report, options.clock(), deadline))
-                if stop is not None and stop.is_set():
-                    report.stopped = True
+    with Crew(options.concurrency) as crew:  # threads and their connections kept for the whole drive
+        if options.budget is None:
+            _round_on_a_live_connection(report, options, deadline=None, traced=traced, crew=crew)
+            return report
+        deadline = time.monotonic() + options.budget
+        with notify.Waiter(stop, options.statement_bound) as waiter:
+            while True:
+                worked = _round_on_a_live_connection(report, options, deadline, traced=traced, crew=crew)
+                if report.stopped or time.monotonic() >= deadline:
                     break
+                if not worked:
+                    waiter.wait(until_next_tick(report, options.clock(), deadline))
+                    if stop is not None and stop.is_set():
+                        report.stopped = True
+                        break
     return report
 
 
@@ -149,7 +150,12 @@ def _refuse_callers_transaction() -> None:
 
 
 def _round_on_a_live_connection(
-    report: DriveReport, options: DriveOptions, deadline: float | None, *, traced: telemetry.Traced | None = None
+    report: DriveReport,
+    options: DriveOptions,
+    deadline: float | None,
+    *,
+    traced: telemetry.Traced | None = None,
+    crew: Crew,
 ) -> bool:
     """One round; a connection lost under its due read is replaced and the read made again (D15).
 
@@ -164,7 +170,7 @@ def _round_on_a_live_connection(
         if attempt == 2 and deadline is not None and time.monotonic() >= deadline:
             break  # the budget is spent: no new connection begun past it
         try:
-            worked = _Drive(report, options, deadline, traced).round()
+            worked = _Drive(report, options, deadline, traced, crew).round()
         except TRANSIENT as exc:
             if db.connection().in_atomic_block:
                 raise  # the caller's transaction owns the connection
@@ -188,8 +194,14 @@ class _Drive:
     """One round of a drive: the due read, then each run claimed, driven and released."""
 
     def __init__(
-        self, report: DriveReport, options: DriveOptions, deadline: float | None, traced: telemetry.Traced | None = None
+        self,
+        report: DriveReport,
+        options: DriveOptions,
+        deadline: float | None,
+        traced: telemetry.Traced | None,
+        crew: Crew,
     ) -> None:
+        self.crew = crew
         self.report = report
         self.options = options
         self.deadline = deadline
@@ -223,12 +235,9 @@ class _Drive:
             drive_line(self, line)
         else:
             # Windowed: a claim is taken as its work starts, never for the whole batch up front, so
-            # the tail of a long batch does not expire unworked. Each thread keeps its connection for
-            # the runs it takes (one per run cost more than a no-op task's pass).
-            threads = min(options.concurrency, len(rows))
-            with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="jobruns") as pool:
-                for done in [pool.submit(self.work_in_thread, line) for _ in range(threads)]:
-                    done.result()
+            # the tail of a long batch does not expire unworked. The crew's threads keep their
+            # connections for the drive (one per run, or per round, cost more than a no-op task's pass).
+            self.crew.run(lambda: self.work_in_thread(line), min(options.concurrency, len(rows)))
         return report.attempted > attempted
 
     def stopping(self) -> bool:
@@ -247,12 +256,9 @@ class _Drive:
         return self.asked_to_stop() or (self.deadline is not None and time.monotonic() >= self.deadline)
 
     def work_in_thread(self, line: Line) -> None:
-        """Drive the round's runs one after another until none is left or the drive stops; then close the connection."""
-        try:
-            with watchdog.bounding(self.options.statement_bound), telemetry.attached(self.parent):
-                drive_line(self, line)
-        finally:
-            db.connection().close()
+        """Drive the round's runs one after another until none is left or the drive stops."""
+        with watchdog.bounding(self.options.statement_bound), telemetry.attached(self.parent):
+            drive_line(self, line)
 
     def take(self, row: DueRow, job: Job) -> Claimed | None:
         """Claim the run, or ``None``: another holder won it, or the claim's statement failed (said so)."""
@@ -435,6 +441,6 @@ def drive_run(
         lapsed = run.lease_expires_at is not None and run.lease_expires_at <= options.clock()
         held_by = run.lease_holder if lapsed else None
         row = DueRow(run.id, run.lease_fence, run.module, run.job, held_by, run.queue_name, run.priority, run.due_at)
-        with telemetry.traced_drive(options.holder) as traced:
-            _Drive(report, options, None, traced).handle(row, None, Line([], options.limit))
+        with telemetry.traced_drive(options.holder) as traced, Crew(1) as crew:
+            _Drive(report, options, None, traced, crew).handle(row, None, Line([], options.limit))
     return report

@@ -250,6 +250,40 @@ def test_concurrent_threads_keep_their_connection_for_the_rounds_runs(behaviour)
     assert 1 <= len(opened) <= 3, opened  # one per thread of the round, not one per run
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_drives_threads_keep_their_connections_from_round_to_round_and_close_them_at_its_end(behaviour):
+    """Each round made threads of its own: a drive of many rounds opened threads x rounds connections."""
+    from django.db.backends.signals import connection_created
+
+    opened = []
+    in_threads = threading.Lock()
+    stop = threading.Event()
+    finished = []
+
+    def count(sender, connection, **kwargs):
+        if threading.current_thread().name.startswith("jobruns_"):
+            with in_threads:
+                opened.append(connection)
+
+    def handler(p):
+        with in_threads:
+            finished.append(p.cursor)
+            if len(finished) == 12:
+                stop.set()  # the last run: the drive ends once its passes are in
+        return {"done": True}
+
+    _runs(behaviour, 12, handler)
+    connection_created.connect(count)
+    try:
+        # Rounds of at most three runs (``limit``), so four rounds at least, three threads each.
+        report = run_due_jobs(concurrency=3, limit=3, max_seconds=60, stop=stop)
+    finally:
+        connection_created.disconnect(count)
+    assert report.completed == 12 and report.stopped
+    assert 1 <= len(opened) <= 3, len(opened)  # one per thread of the drive, not one per thread of each round
+    assert all(wrapper.connection is None for wrapper in opened)  # the drive closed them as it ended
+
+
 def test_d8_max_passes_resume_from_what_was_committed(behaviour, clock):
     cursors = []
 
