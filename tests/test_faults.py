@@ -105,3 +105,80 @@ def test_worker_paused_past_its_lease_is_fenced_out(tmp_path, effects):
     )
     assert json.loads(after.counters) == {"passes": 1}
     assert not JobStep.objects.filter(run=run).exists()
+
+
+def _alive(backends: list[int]) -> list[int]:
+    with connection.cursor() as cur:
+        cur.execute("SELECT pid FROM pg_stat_activity WHERE pid = ANY(%s)", [backends])
+        return [pid for (pid,) in cur.fetchall()]
+
+
+def _until(condition, what: str, limit: float = 60.0) -> None:
+    """Look until ``condition()`` holds (a state in the database), failing after ``limit`` seconds."""
+    import time
+
+    deadline = time.monotonic() + limit
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {limit} s: {what}"
+        time.sleep(0.05)
+
+
+@pytest.mark.skipif(
+    "os.environ.get('DATABASE_URL', '').split(':')[0] not in ('postgres', 'postgresql')",
+    reason="pg_terminate_backend is PostgreSQL's",
+)
+def test_a_threads_kept_connection_the_server_ended_between_rounds_is_replaced_and_every_run_driven(behaviour):
+    """``--concurrency``'s threads keep their connections while the drive waits; the server may end them meanwhile."""
+    import threading
+
+    from django.db import connections, transaction
+    from django.db.backends.signals import connection_created
+
+    backends: list[int] = []
+    lock = threading.Lock()
+
+    def record(sender, connection, **kwargs):
+        if threading.current_thread().name.startswith("jobruns_"):
+            with connection.cursor() as cur:
+                cur.execute("SELECT pg_backend_pid()")
+                with lock:
+                    backends.append(cur.fetchone()[0])
+
+    def start(prefix: str) -> None:
+        with transaction.atomic():  # both due at once: a round of two rows, driven on the threads
+            for i in range(2):
+                behaviour[f"{prefix}{i}"] = lambda p: {"done": True}
+                start_job_run("tests.scripted", instance=f"{prefix}{i}")
+
+    def done(prefix: str) -> bool:
+        return JobRun.objects.filter(instance__startswith=prefix, status=Status.DONE, lease_holder=None).count() == 2
+
+    stop, reports = threading.Event(), []
+
+    def drive() -> None:
+        try:
+            reports.append(run_due_jobs(concurrency=2, limit=2, max_seconds=120, stop=stop))
+        finally:
+            connections.close_all()
+
+    start("first")
+    connection_created.connect(record)
+    worker = threading.Thread(target=drive)
+    try:
+        worker.start()
+        _until(lambda: done("first"), "the first two runs done")
+        kept = list(backends)
+        assert len(kept) == 2, kept  # a connection for each of the round's two threads
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", [kept])
+        _until(lambda: not _alive(kept), "the two backends gone")
+        start("second")  # its NOTIFY wakes the drive; its threads find their connections ended
+        _until(lambda: done("second"), "the second two runs done on new connections")
+    finally:
+        stop.set()
+        worker.join(timeout=120)
+        connection_created.disconnect(record)
+    assert not worker.is_alive()
+    assert reports[0].completed == 4, reports[0]
+    assert len(backends) > 2, backends  # the ended connections were replaced
+    assert not JobRun.objects.exclude(status=Status.DONE).exists()
