@@ -144,10 +144,16 @@ def test_a_threads_kept_connection_the_server_ended_between_rounds_is_replaced_a
                 with lock:
                     backends.append(cur.fetchone()[0])
 
-    def start(prefix: str) -> None:
+    together = threading.Barrier(2, timeout=30)
+
+    def first(p):
+        together.wait()  # both runs in flight at once: each of the two threads has opened its connection
+        return {"done": True}
+
+    def start(prefix: str, handler) -> None:
         with transaction.atomic():  # both due at once: a round of two rows, driven on the threads
             for i in range(2):
-                behaviour[f"{prefix}{i}"] = lambda p: {"done": True}
+                behaviour[f"{prefix}{i}"] = handler
                 start_job_run("tests.scripted", instance=f"{prefix}{i}")
 
     def done(prefix: str) -> bool:
@@ -161,7 +167,7 @@ def test_a_threads_kept_connection_the_server_ended_between_rounds_is_replaced_a
         finally:
             connections.close_all()
 
-    start("first")
+    start("first", first)
     connection_created.connect(record)
     worker = threading.Thread(target=drive)
     try:
@@ -172,7 +178,8 @@ def test_a_threads_kept_connection_the_server_ended_between_rounds_is_replaced_a
         with connection.cursor() as cur:
             cur.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", [kept])
         _until(lambda: not _alive(kept), "the two backends gone")
-        start("second")  # its NOTIFY wakes the drive; its threads find their connections ended
+        # Its NOTIFY wakes the drive; its threads find their connections ended.
+        start("second", lambda p: {"done": True})
         _until(lambda: done("second"), "the second two runs done on new connections")
     finally:
         stop.set()
