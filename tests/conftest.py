@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from io import StringIO
@@ -47,6 +48,14 @@ def behaviour() -> Iterator[dict]:
 @pytest.fixture
 def effects(tmp_path: Path) -> Path:
     return tmp_path / "effects.log"
+
+
+def wait_until(condition, what: str, timeout: float = 60) -> None:
+    """Poll for a state the database reports (another thread or process brings it about), until it holds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
 
 
 def effect_lines(path: Path) -> list[tuple[str, str]]:

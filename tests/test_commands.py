@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from django_jobruns import start_job_run
 from django_jobruns.models import JobRun, Status
-from tests.conftest import ROOT, call, effect_lines, manage
+from tests.conftest import ROOT, call, effect_lines, manage, wait_until
 
 
 def run_command(*args):
@@ -196,16 +196,6 @@ def test_a_first_signal_says_what_it_waits_for_and_a_second_stops_at_once(tmp_pa
     run.refresh_from_db()
     # As after a kill: still leased to the stopped worker, nothing recorded; a takeover follows the lapse.
     assert run.status == Status.RUNNING and run.lease_holder is not None and run.attempts == 0
-
-
-def wait_until(condition, what, timeout=60):
-    """Poll the database for a state the test waits on (the worker is another process)."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ from django.db import connection
 
 from django_jobruns import run_due_jobs, start_job_run
 from django_jobruns.models import JobRun, JobStep, Status
-from tests.conftest import Clock, effect_lines, manage
+from tests.conftest import Clock, effect_lines, manage, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -113,16 +113,6 @@ def _alive(backends: list[int]) -> list[int]:
         return [pid for (pid,) in cur.fetchall()]
 
 
-def _until(condition, what: str, limit: float = 60.0) -> None:
-    """Look until ``condition()`` holds (a state in the database), failing after ``limit`` seconds."""
-    import time
-
-    deadline = time.monotonic() + limit
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {limit} s: {what}"
-        time.sleep(0.05)
-
-
 @pytest.mark.skipif(
     "os.environ.get('DATABASE_URL', '').split(':')[0] not in ('postgres', 'postgresql')",
     reason="pg_terminate_backend is PostgreSQL's",
@@ -172,15 +162,15 @@ def test_a_threads_kept_connection_the_server_ended_between_rounds_is_replaced_a
     worker = threading.Thread(target=drive)
     try:
         worker.start()
-        _until(lambda: done("first"), "the first two runs done")
+        wait_until(lambda: done("first"), "the first two runs done")
         kept = list(backends)
         assert len(kept) == 2, kept  # a connection for each of the round's two threads
         with connection.cursor() as cur:
             cur.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", [kept])
-        _until(lambda: not _alive(kept), "the two backends gone")
+        wait_until(lambda: not _alive(kept), "the two backends gone")
         # Its NOTIFY wakes the drive; its threads find their connections ended.
         start("second", lambda p: {"done": True})
-        _until(lambda: done("second"), "the second two runs done on new connections")
+        wait_until(lambda: done("second"), "the second two runs done on new connections")
     finally:
         stop.set()
         worker.join(timeout=120)

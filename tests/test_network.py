@@ -23,7 +23,7 @@ from django.db import connection
 
 from django_jobruns import run_due_jobs, start_job_run
 from django_jobruns.models import JobRun
-from tests.conftest import effect_lines, manage
+from tests.conftest import effect_lines, manage, wait_until
 from tests.support.netfault import delay_clock_reading, forwarding
 
 pytestmark = [
@@ -155,14 +155,6 @@ def test_a_connection_lost_while_the_drive_waits_for_work_is_replaced_and_the_dr
     out, err = worker.communicate(timeout=60)
     assert worker.returncode == 0, err
     assert json.loads(out)["completed"] == 1
-
-
-def wait_until(condition, what: str, timeout: float = 60) -> None:
-    """Until a condition the database reports holds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def test_a_release_on_a_dropped_connection_is_made_on_a_new_one_and_never_charged(behaviour, clock):
