@@ -956,7 +956,11 @@ class Harness:
                 (taken,) = cur.fetchone()
                 waits.append((taken - stopped_at).total_seconds() if taken is not None else float("inf"))
         frozen = self.frozen
+        # A pass given up past its timeout (D19), by the workers' own warnings: a body blocked
+        # for good on a statement of its own (a partition dropped its answer).
+        timed_out = sum(log.read_bytes().count(b"ran past its timeout") for log in self.folder.glob("worker-*.log"))
         return {
+            "timed_out_passes": timed_out,
             "drives_measured": len(over),
             "drives_past_budget_plus_lease": past_budget,
             "longest_drive_past_budget": round(max(over, default=0.0), 2),
@@ -1080,7 +1084,8 @@ def main() -> int:
             if args.long_steps
             else ""
         )
-        + f" drives={result['drives_measured']} drives_past_budget_plus_lease={result['drives_past_budget_plus_lease']}"
+        + f" timed_out_passes={result['timed_out_passes']}"
+        f" drives={result['drives_measured']} drives_past_budget_plus_lease={result['drives_past_budget_plus_lease']}"
         f" longest_drive_past_budget={result['longest_drive_past_budget']}s"
     )
     return 0 if ok else 1

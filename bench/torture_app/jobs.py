@@ -6,6 +6,7 @@ import os
 import random
 import signal
 import time
+from datetime import timedelta
 from typing import Any
 
 from django.db import connection
@@ -15,6 +16,15 @@ from django_jobruns import RetryPolicy, job
 from .kills import CURRENT, maybe_die
 
 _direct: list[Any] = []
+
+#: The harness's lease (``--lease-ttl``).
+LEASE = float(os.environ.get("TORTURE_LEASE_TTL", "5"))
+#: Each job's ``timeout`` (D19): well past its longest pass (a long body's three leases, a stop of
+#: one and a half). A body blocked for good -- one of ``_event``'s statements whose answer a
+#: partition dropped, which nothing bounds -- is kept alive until then and then given up: its run
+#: is taken over one lease later, as in production. With the default hour, a run whose holder's
+#: keep-alive got through again after the partition stayed held past the harness's patience.
+TIMEOUT = timedelta(seconds=8 * LEASE)
 
 
 def _event(kind: str, run_id: str, step: str | None = None, note: str | None = None) -> None:
@@ -80,7 +90,7 @@ def _connect_direct(url: str) -> Any:
     return psycopg.connect(url, autocommit=True, application_name="torture-effects")
 
 
-@job(retry=RetryPolicy(max_attempts=1000, base_delay=0, jitter=0))
+@job(retry=RetryPolicy(max_attempts=1000, base_delay=0, jitter=0), timeout=TIMEOUT)
 def walk(p: Any) -> dict[str, Any]:
     position = p.cursor or 0
     steps = p.payload["steps"]
@@ -107,7 +117,7 @@ class StoppedEarly(Exception):
     """A long step's body asked to stop (``p.stopping``) before its work was done."""
 
 
-@job(retry=RetryPolicy(max_attempts=1000, base_delay=0, jitter=0))
+@job(retry=RetryPolicy(max_attempts=1000, base_delay=0, jitter=0), timeout=TIMEOUT)
 def long_walk(p: Any) -> dict[str, Any]:
     """Steps whose bodies run 2-3 leases, checking ``p.stopping`` as a long loop would (D17, D18).
 
@@ -116,7 +126,6 @@ def long_walk(p: Any) -> dict[str, Any]:
     """
     position = p.cursor or 0
     steps = p.payload["steps"]
-    lease = float(os.environ.get("TORTURE_LEASE_TTL", "5"))
     CURRENT["run"] = p.run.id
     _event("pass", p.run.id)
     for index in range(steps):
@@ -126,7 +135,7 @@ def long_walk(p: Any) -> dict[str, Any]:
             maybe_die("step")
             _event("effect", p.run.id, name)
             _event("body_start", p.run.id, name, _now())
-            until = time.monotonic() + random.uniform(2.0, 3.0) * lease  # the slow upstream call
+            until = time.monotonic() + random.uniform(2.0, 3.0) * LEASE  # the slow upstream call
             while time.monotonic() < until:
                 if p.stopping:
                     _event("body_end", p.run.id, name, _now())
