@@ -71,14 +71,14 @@ def setup_django(url: str, sqlite_mode: str = "wal") -> None:
     call_command("migrate", verbosity=0)
 
 
-def run_phase(script: str, *args: str) -> dict[str, Any]:
-    """Run one phase of a benchmark in a fresh process and return the JSON it prints last."""
+def run_phase(script: str, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run one phase of a benchmark in a fresh process (``env`` added to its environment); return its last JSON."""
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / script), *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
     )
     if proc.returncode != 0:
         raise SystemExit(f"{script} {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")

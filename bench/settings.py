@@ -42,6 +42,11 @@ if DATABASES["default"]["ENGINE"].endswith("postgresql") and os.environ.get("BEN
     # a statement it has run five times, so it is parsed and planned once.
     DATABASES["default"].setdefault("OPTIONS", {})["server_side_binding"] = True
 
+if DATABASES["default"]["ENGINE"].endswith("postgresql") and os.environ.get("BENCH_PG_PREPARE_THRESHOLD"):
+    # Django turns psycopg's prepared statements off (for poolers in transaction mode); a project
+    # without one may turn them on, and the engine then prepares its own statements.
+    DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = int(os.environ["BENCH_PG_PREPARE_THRESHOLD"])
+
 if DATABASES["default"]["ENGINE"].endswith("postgresql") and os.environ.get("JOBRUNS_TEST_PGBOUNCER"):
     # Behind PgBouncer in transaction mode: no prepared statements.
     DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = None

@@ -221,6 +221,10 @@ def main() -> int:
             common = ["--db", args.db, "--runs", str(args.runs), "--mode", mode]
             samples.setdefault(f"ours_{mode}", []).append(run_phase("throughput.py", "--phase", "ours", *common))
             samples.setdefault(f"raw_{mode}", []).append(run_phase("throughput.py", "--phase", "raw", *common))
+        if args.db == "postgres":
+            # With prepared statements turned on in OPTIONS (Django turns them off by default).
+            prepared = run_phase("throughput.py", "--phase", "ours", *common, env={"BENCH_PG_PREPARE_THRESHOLD": "5"})
+            samples.setdefault("ours_prepared", []).append(prepared)
         samples.setdefault("dbos", []).append(
             run_phase("throughput.py", "--phase", "dbos", "--db", args.db, "--runs", str(args.runs))
         )
@@ -256,6 +260,12 @@ def main() -> int:
         f"ratio={main_figures['ours'] / dbos:.2f} commits_per_pass={main_figures['commits_per_pass']:g} "
         f"commit_limit_share={main_figures['share']:.2f}"
     )
+    if "ours_prepared" in samples:
+        prepared = median([s["steps_per_s"] for s in samples["ours_prepared"]])
+        print(
+            f'prepared (OPTIONS "prepare_threshold": 5): ours_steps_per_s={prepared:.0f} ratio={prepared / dbos:.2f} '
+            f"against_default_binding={prepared / main_figures['ours']:.2f}"
+        )
     return 0
 
 

@@ -192,3 +192,40 @@ def test_on_postgresql_a_runs_claim_is_in_the_statement_that_commits_the_run_bef
     # many statements as a claim of its own; MariaDB adds the lock taken first (FOR UPDATE SKIP LOCKED).
     expected = {"postgresql": 2 + 3 * 2, "sqlite": 1 + 3 * 6}.get(connection.vendor, 1 + 3 * 7 + 2)
     assert len(sql) == expected, "\n".join(sql)
+
+
+
+def _prepared_engine_statements() -> list[str]:
+    """The statements prepared on this connection that write the engine's step records."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT statement FROM pg_prepared_statements")
+        return [row[0] for row in cur.fetchall() if "django_jobruns_jobstep" in row[0]]
+
+
+def _drive_eight_runs_of_one_step(behaviour, clock, threshold):
+    """Eight runs of one step, psycopg's ``prepare_threshold`` set as ``OPTIONS`` would set it."""
+    connection.ensure_connection()
+    raw = connection.connection
+    previous, raw.prepare_threshold = raw.prepare_threshold, threshold
+    try:
+        for i in range(8):
+            behaviour[f"prep{i}"] = lambda p: (p.step("s", lambda: 1), {"done": True})[1]
+            start_job_run("tests.scripted", instance=f"prep{i}")
+        assert run_due_jobs(now=clock).completed == 8
+        return _prepared_engine_statements()
+    finally:
+        raw.prepare_threshold = previous
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="prepared statements are PostgreSQL's here")
+def test_on_postgresql_the_engines_statements_are_prepared_where_the_project_allows_it(behaviour, clock):
+    """``OPTIONS={"prepare_threshold": 5}`` with Django's default client-side binding, which alone prepares nothing."""
+    assert connection.settings_dict["OPTIONS"].get("server_side_binding") is not True, "Django's default"
+    prepared = _drive_eight_runs_of_one_step(behaviour, clock, 5)
+    assert prepared, "the step's fenced write ran eight times on this connection and was never prepared"
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="prepared statements are PostgreSQL's here")
+def test_on_postgresql_nothing_is_prepared_by_default(behaviour, clock):
+    """Django turns preparing off unless ``OPTIONS`` sets ``prepare_threshold``: a pooler in transaction mode."""
+    assert _drive_eight_runs_of_one_step(behaviour, clock, None) == []

@@ -90,6 +90,10 @@ class Store(Retention):
         self.alias = alias
         self.statements = Statements(connections[alias], self.clock_sql)
 
+    def cursor(self) -> Any:
+        """A cursor for the engine's own statements: Django's (PostgreSQL's store gives one that prepares them)."""
+        return self.connection.cursor()
+
     def prepare_session(self, bound: float) -> None:
         """Set up a drive's connection once (after each connect) so a stalled peer cannot freeze it: nothing here."""
 
@@ -127,20 +131,20 @@ class Store(Retention):
         params += list(queues or ())
         if after is not None:
             params += [after.priority, after.priority, after.due_since, after.due_since, after.id]
-        with self.connection.cursor() as cur:
+        with self.cursor() as cur:
             cur.execute(text, [*params, limit])
             return [DueRow(*row) for row in cur.fetchall()]
 
     def read_run(self, run_id: str, now: datetime) -> ClaimedRow | None:
         """The run's decodable state and whether it is due at ``now``."""
-        with self.connection.cursor() as cur:
+        with self.cursor() as cur:
             cur.execute(self.statements.read_run, [run_id])
             row = cur.fetchone()
         return self._claimed(row, now) if row is not None else None
 
     def ledger(self, run_id: str) -> Ledger:
         """The step ledger of the pass in flight."""
-        with self.connection.cursor() as cur:
+        with self.cursor() as cur:
             cur.execute(self.statements.ledger, [run_id])
             return list(cur.fetchall())
 
@@ -177,11 +181,11 @@ class Store(Retention):
         the old holder committed while the claim waited for the row.
         """
         if charge is None:
-            with self._together(also), self.connection.cursor() as cur:
+            with self._together(also), self.cursor() as cur:
                 return self.claim_on(cur, PlainClaim(row, fence, holder, expires, now), also)
         st = self.statements
         params = self._claim_params(row, fence, holder, expires, charge)
-        with self._together(also), self.connection.cursor() as cur:
+        with self._together(also), self.cursor() as cur:
             cur.execute(st.takeover(charge, returning=self.returning), params)
             if self.returning:
                 found = cur.fetchone()
@@ -267,7 +271,7 @@ class Store(Retention):
     def heartbeat(self, run_id: str, fence: int, expires: Expiry) -> bool:
         """Extend the lease if ``fence`` is still the run's; return whether it was."""
         st = self.statements
-        with self.connection.cursor() as cur:
+        with self.cursor() as cur:
             cur.execute(st.heartbeat, [*st.expiry_params(expires.now, expires.ttl), run_id, fence])
             return bool(cur.rowcount == 1)
 
@@ -279,7 +283,7 @@ class Store(Retention):
         """
         st = self.statements
         params = [*st.expiry_params(expires.now, expires.ttl), run_id, fence]
-        with self.connection.cursor() as cur:
+        with self.cursor() as cur:
             if self.returning:
                 cur.execute(st.keep_alive_returning, params)
                 found = cur.fetchone()
@@ -300,7 +304,7 @@ class Store(Retention):
         wrapper, st, at = self.connection, self.statements, self.adapt
 
         def record() -> tuple[bool, bool]:
-            with transaction.atomic(using=self.alias), wrapper.cursor() as cur:
+            with transaction.atomic(using=self.alias), self.cursor() as cur:
                 renew = self._renews(wrapper, write)
                 if renew:
                     cur.execute(
@@ -355,12 +359,12 @@ class Store(Retention):
         further pass under the same claim); without ``RETURNING`` that is one
         more read inside the commit's transaction.
         """
-        wrapper, st = self.connection, self.statements
+        st = self.statements
         params = [*st.parameters(fields), run_id, fence]
         returning = self.returning
 
         def commit() -> Committed | None:
-            with transaction.atomic(using=self.alias), wrapper.cursor() as cur:
+            with transaction.atomic(using=self.alias), self.cursor() as cur:
                 paused_at = None
                 if returning:
                     cur.execute(st.update_fenced(fields, returning_pause=True), params)
@@ -385,7 +389,7 @@ class Store(Retention):
     def write_fenced(self, run_id: str, fence: int, fields: dict[str, Any], also: Riders | None = None) -> bool:
         """Write ``fields`` (a transition) to the run if ``fence`` is still its fence; return whether it was."""
         st = self.statements
-        with self._together(also), self.connection.cursor() as cur:
+        with self._together(also), self.cursor() as cur:
             cur.execute(st.update_fenced(fields), [*st.parameters(fields), run_id, fence])
             held = bool(cur.rowcount == 1)
             if held:

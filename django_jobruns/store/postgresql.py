@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from datetime import datetime
 from typing import Any
 
@@ -12,12 +13,57 @@ from .base import ClaimedRow, ClaimRider, Committed, PlainClaim, Riders, StepWri
 from .statements import RUN_FIELDS, PostgresClockSQL
 
 
+@functools.cache
+def _server_binding() -> Any:
+    """How to make a cursor with server-side parameters on a Django connection (``None`` on psycopg2)."""
+    from django.db.backends.postgresql import psycopg_any
+
+    if not psycopg_any.is_psycopg3:
+        return None
+    from django.db.backends.postgresql.base import TIMESTAMPTZ_OID, ServerBindingCursor
+    from psycopg.pq import Format
+
+    cursor_class: Any = ServerBindingCursor
+
+    def make(wrapper: Any, raw: Any) -> Any:
+        cursor = cursor_class(raw)
+        # As Django's own cursors: the connection's time zone where it differs from the loader's.
+        if wrapper.timezone != raw.adapters.get_loader(TIMESTAMPTZ_OID, Format.TEXT).timezone:
+            psycopg_any.register_tzloader(wrapper.timezone, cursor)
+        return cursor
+
+    return make
+
+
 class PostgresStore(Store):
     """PostgreSQL: data-modifying CTEs carry the fence check, the heartbeat and the write in one statement."""
 
     returning = True
     locks_rows = True
     clock_sql = PostgresClockSQL()
+
+    def cursor(self) -> Any:
+        """Django's cursor with server-side parameters, so psycopg prepares the engine's statements.
+
+        A statement run a few times on a connection (psycopg's
+        ``prepare_threshold``, five) is prepared there: the server parses and
+        plans it once per connection, not on every pass, whatever binding the
+        project chose for its own queries (Django's default is client-side).
+        Not where preparing is off (``"prepare_threshold": None``, Django's
+        default, for a pooler in transaction mode), nor on psycopg2, nor while
+        Django records the queries (``DEBUG``, a test's
+        ``CaptureQueriesContext``): the record then shows each statement with
+        its values, as Django's own cursor sends it.
+        """
+        wrapper = self.connection
+        wrapper.close_if_health_check_failed()
+        wrapper.ensure_connection()
+        raw = wrapper.connection
+        make = _server_binding()
+        if make is None or getattr(raw, "prepare_threshold", None) is None or wrapper.queries_logged:
+            return wrapper.cursor()
+        with wrapper.wrap_database_errors:
+            return wrapper._prepare_cursor(make(wrapper, raw))
 
     def claim_on(
         self, cur: Any, claim: PlainClaim, also: Riders | None = None, *, skip_locked: bool = False
@@ -40,7 +86,7 @@ class PostgresStore(Store):
     def record_step(self, write: StepWrite) -> tuple[bool, bool]:
         st, at = self.statements, self.adapt
         head = [*st.expiry_params(write.expires.now, write.expires.ttl), write.run_id, write.fence]
-        with self._savepoint_if_nested(), self.connection.cursor() as cur:
+        with self._savepoint_if_nested(), self.cursor() as cur:
             if write.exists:
                 cur.execute(
                     st.update_step_fenced, [*head, write.result, write.attempts, write.error, at(write.at), write.step]
@@ -67,7 +113,7 @@ class PostgresStore(Store):
             claim = rider.arguments()
             if claim is not None:
                 return self._commit_and_claim(run_id, fence, fields, drop_ledger, rider, claim)
-        with self._together(also), self.connection.cursor() as cur:
+        with self._together(also), self.cursor() as cur:
             cur.execute(st.commit_fenced(fields, drop_ledger=drop_ledger), [*st.parameters(fields), run_id, fence])
             row = cur.fetchone()
             if row is not None:
@@ -80,7 +126,7 @@ class PostgresStore(Store):
         """The pass's commit and the claim of the drive's next run in one statement (one round trip, one commit)."""
         st = self.statements
         took = self._claim_params(claim.row, claim.fence, claim.holder, claim.expires, None)
-        with self._savepoint_if_nested(), self.connection.cursor() as cur:
+        with self._savepoint_if_nested(), self.cursor() as cur:
             cur.execute(
                 st.commit_fenced_and_claim(fields, drop_ledger=drop_ledger),
                 [*st.parameters(fields), run_id, fence, *took],
@@ -104,7 +150,7 @@ class PostgresStore(Store):
             f"attempts AS (DELETE FROM {n['attempt']} WHERE {n['attempt_run']} IN (SELECT {n['id']} FROM batch)) "
             f"DELETE FROM {n['run']} WHERE {n['id']} IN (SELECT {n['id']} FROM batch)"
         )
-        with self.connection.cursor() as cur:
+        with self.cursor() as cur:
             cur.execute(batch, [statuses, self.adapt(cutoff), size])
             count = int(cur.rowcount)
         return count, count

@@ -68,6 +68,11 @@ if os.environ.get("JOBRUNS_TEST_STOP_AFTER_HEARTBEAT"):
 
     _connection_created.connect(_install, weak=False)
 
+if _db["ENGINE"].endswith("postgresql") and os.environ.get("JOBRUNS_TEST_PREPARE_THRESHOLD"):
+    # psycopg's prepared statements on, which Django turns off unless OPTIONS asks: the engine
+    # then sends its own statements with server-side parameters, prepared on each connection.
+    _db.setdefault("OPTIONS", {})["prepare_threshold"] = int(os.environ["JOBRUNS_TEST_PREPARE_THRESHOLD"])
+
 if os.environ.get("JOBRUNS_TEST_PGBOUNCER"):
     # Behind PgBouncer in transaction mode: no server-side prepared statements (PgBouncer < 1.21).
     _db.setdefault("OPTIONS", {})["prepare_threshold"] = None
