@@ -194,7 +194,6 @@ def test_on_postgresql_a_runs_claim_is_in_the_statement_that_commits_the_run_bef
     assert len(sql) == expected, "\n".join(sql)
 
 
-
 def _prepared_engine_statements() -> list[str]:
     """The statements prepared on this connection that write the engine's step records."""
     with connection.cursor() as cur:
