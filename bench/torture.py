@@ -36,6 +36,7 @@ the exit status is non-zero when an invariant fails.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import random
@@ -313,6 +314,8 @@ class Harness:
         self.second_signals = 0
         # Every worker stopped at some moment (its drive's length is not its own).
         self.ever_stopped: set[subprocess.Popen[bytes]] = set()
+        # When each worker was stopped, by this host's clock, by pid: [from, until (None while stopped)].
+        self.stop_spans: dict[int, list[list[float | None]]] = defaultdict(list)
         # Each worker's budget and log, for the drives' lengths.
         self.budgets: dict[subprocess.Popen[bytes], tuple[float, Path]] = {}
         self.finished: list[tuple[float, float | None]] = []  # (budget, the drive's own seconds)
@@ -526,9 +529,7 @@ class Harness:
             proc = slot["proc"]
             if proc is None or proc.poll() is not None or proc in self.stopped:
                 continue
-            proc.send_signal(signal.SIGSTOP)
-            self.stopped[proc] = time.monotonic() + self.hold_past_lease()
-            self.ever_stopped.add(proc)
+            self.stop(proc)
             self.between_stalls += 1
             # The stopped worker's sessions reach the server from its
             # forwarder's upstream sockets (the process list is read live).
@@ -664,11 +665,20 @@ class Harness:
         if not ready:
             return False
         victim = self.rng.choice(ready)
-        victim.send_signal(signal.SIGSTOP)
-        self.stopped[victim] = time.monotonic() + self.hold_past_lease()
-        self.ever_stopped.add(victim)
+        self.stop(victim)
         self.stops += 1
         return True
+
+    def stop(self, proc: subprocess.Popen[bytes]) -> None:
+        """Stop ``proc`` (SIGSTOP) until past the lease, noting when by this host's clock."""
+        self.stop_spans[proc.pid].append([time.time(), None])
+        proc.send_signal(signal.SIGSTOP)
+        self.stopped[proc] = time.monotonic() + self.hold_past_lease()
+        self.ever_stopped.add(proc)
+
+    def stopped_within(self, pid: int, start: float, end: float) -> bool:
+        """Whether worker ``pid`` was stopped at some moment from ``start`` to ``end`` (this host's clock)."""
+        return any(began <= end and (until is None or until >= start) for began, until in self.stop_spans.get(pid, []))
 
     def resume_stopped(self, *, every: bool = False) -> None:
         for proc, until in list(self.stopped.items()):
@@ -676,6 +686,7 @@ class Harness:
                 if proc.poll() is None:
                     proc.send_signal(signal.SIGCONT)
                 del self.stopped[proc]
+                self.stop_spans[proc.pid][-1][1] = time.time()
 
     def self_kills(self) -> dict[str, int]:
         killed = self.kills_dir / "killed"
@@ -902,6 +913,28 @@ class Harness:
             for (_, end, pid), (later, _, other) in zip(spans, spans[1:], strict=False):
                 if end is not None and later < end and pid != other and pid not in stopped_pids:
                     overlapping_bodies += 1
+        # A body checks its lease as it starts (D11), so an effect on a lapsed lease is the
+        # engine's fault -- unless its worker was stopped (SIGSTOP) between that check and
+        # the effect's write: a stop within a lease before the write.
+        lapsed_while_stopped = 0
+        if lapsed_steps:
+            ttl = self.args.lease_ttl
+            with connection.cursor() as cur:
+                cur.execute(
+                    "SELECT run_id, step, pid, at, holder, counters FROM torture_events "
+                    "WHERE kind = 'effect' AND note = 'lapsed' ORDER BY id"
+                )
+                for run_id, step, pid, at, holder, expiry in cur.fetchall():
+                    written = (at if at.tzinfo else at.replace(tzinfo=dt.UTC)).timestamp()
+                    if self.stopped_within(pid, written - ttl, written):
+                        lapsed_while_stopped += 1
+                        continue
+                    print(
+                        f"lapsed effect: run {run_id} step {step} by pid {pid} at {at}; the lease then "
+                        f"{holder}'s until {expiry}; that worker's stops: {self.stop_spans.get(pid, [])}",
+                        flush=True,
+                    )
+            lapsed_steps -= lapsed_while_stopped
         long_runs = list(JobRun.objects.filter(job="long_walk", module="torture"))
         repeated = at_least_once = 0
         for key, ids in effects.items():
@@ -976,6 +1009,7 @@ class Harness:
             "poison_bodies": sum(poison_bodies.values()),
             "live_leases_taken": live_taken,
             "steps_on_lapsed_lease": lapsed_steps,
+            "lapsed_after_a_stop": lapsed_while_stopped,
             "partitions": self.partitions,
             "delays": self.delays,
             "terminations": self.terminations,
@@ -1072,6 +1106,7 @@ def main() -> int:
         f" live_leases_taken={result['live_leases_taken']}"
         f" partitions={result['partitions']} delays={result['delays']} terminations={result['terminations']}"
         f" steps_on_lapsed_lease={result['steps_on_lapsed_lease']}"
+        f" lapsed_after_a_stop={result['lapsed_after_a_stop']}"
         f" holds={result['holds']} outlived_sigterm={result['outlived_sigterm']}"
         f" second_sigterms={result['second_sigterms']}"
         f" terminations_by_statement={','.join(f'{k}:{v}' for k, v in result['terminations_by_statement'].items())}"

@@ -43,8 +43,10 @@ def _event(kind: str, run_id: str, step: str | None = None, note: str | None = N
             _direct.append(_connect_direct(events_url))
         now = "UTC_TIMESTAMP(6)" if mysql else "clock_timestamp()"
         cur = _direct[0].cursor()
+        # With the lease's holder and expiry as they stood, for the harness to say what a lapse was.
         cur.execute(
-            "INSERT INTO torture_events (kind, run_id, step, pid, note) SELECT %s, %s, %s, %s, "
+            "INSERT INTO torture_events (kind, run_id, step, pid, holder, counters, note) "
+            f"SELECT %s, %s, %s, %s, r.lease_holder, CAST(r.lease_expires_at AS {'CHAR' if mysql else 'TEXT'}), "
             f"CASE WHEN r.lease_holder = %s AND r.lease_expires_at > {now} THEN NULL ELSE 'lapsed' END "
             "FROM django_jobruns_jobrun r WHERE r.id = %s",
             [kind, run_id, step, os.getpid(), default_holder(), run_id],
