@@ -54,6 +54,8 @@ POSTGRES_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 POSTGRES_DB = "jobruns_torture"
 #: The shortest connect timeout libpq and mysqlclient honour (seconds).
 CONNECT_FLOOR = 2.0
+#: Seconds a step body may start after its lease check (the Python between the two).
+BODY_SLACK = 0.05
 
 SQLITE_DDL = [
     """CREATE TABLE torture_events (id INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL, run_id TEXT,
@@ -676,9 +678,9 @@ class Harness:
         self.stopped[proc] = time.monotonic() + self.hold_past_lease()
         self.ever_stopped.add(proc)
 
-    def stopped_within(self, pid: int, start: float, end: float) -> bool:
-        """Whether worker ``pid`` was stopped at some moment from ``start`` to ``end`` (this host's clock)."""
-        return any(began <= end and (until is None or until >= start) for began, until in self.stop_spans.get(pid, []))
+    def stop_began(self, pid: int, start: float, end: float) -> bool:
+        """Whether the harness stopped worker ``pid`` at some moment from ``start`` to ``end`` (this host's clock)."""
+        return any(start <= began <= end for began, _ in self.stop_spans.get(pid, []))
 
     def resume_stopped(self, *, every: bool = False) -> None:
         for proc, until in list(self.stopped.items()):
@@ -914,24 +916,26 @@ class Harness:
                 if end is not None and later < end and pid != other and pid not in stopped_pids:
                     overlapping_bodies += 1
         # A body checks its lease as it starts (D11), so an effect on a lapsed lease is the
-        # engine's fault -- unless its worker was stopped (SIGSTOP) between that check and
-        # the effect's write: a stop within a lease before the write.
+        # engine's fault -- unless the harness stopped its worker (SIGSTOP) after the body had
+        # started and before the effect's write. A stop that began before the body started
+        # excuses nothing: the body should have checked the lease on resuming. (The slack is the
+        # few statements of Python between the check and the body's first line.)
         lapsed_while_stopped = 0
         if lapsed_steps:
-            ttl = self.args.lease_ttl
             with connection.cursor() as cur:
                 cur.execute(
-                    "SELECT run_id, step, pid, at, holder, counters FROM torture_events "
+                    "SELECT run_id, step, pid, cursor_old, at, holder, counters FROM torture_events "
                     "WHERE kind = 'effect' AND note = 'lapsed' ORDER BY id"
                 )
-                for run_id, step, pid, at, holder, expiry in cur.fetchall():
+                for run_id, step, pid, entered, at, holder, expiry in cur.fetchall():
                     written = (at if at.tzinfo else at.replace(tzinfo=dt.UTC)).timestamp()
-                    if self.stopped_within(pid, written - ttl, written):
+                    if self.stop_began(pid, float(entered) - BODY_SLACK, written):
                         lapsed_while_stopped += 1
                         continue
                     print(
-                        f"lapsed effect: run {run_id} step {step} by pid {pid} at {at}; the lease then "
-                        f"{holder}'s until {expiry}; that worker's stops: {self.stop_spans.get(pid, [])}",
+                        f"lapsed effect: run {run_id} step {step} by pid {pid}, its body started at "
+                        f"{float(entered):.3f} and wrote at {written:.3f}; the lease then {holder}'s until "
+                        f"{expiry}; that worker's stops: {self.stop_spans.get(pid, [])}",
                         flush=True,
                     )
             lapsed_steps -= lapsed_while_stopped

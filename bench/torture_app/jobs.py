@@ -27,7 +27,9 @@ LEASE = float(os.environ.get("TORTURE_LEASE_TTL", "5"))
 TIMEOUT = timedelta(seconds=8 * LEASE)
 
 
-def _event(kind: str, run_id: str, step: str | None = None, note: str | None = None) -> None:
+def _event(
+    kind: str, run_id: str, step: str | None = None, note: str | None = None, *, entered: str | None = None
+) -> None:
     # Autocommit, outside the app's transactions: durable the moment it
     # happens, whatever becomes of the step's memo or the pass. On PostgreSQL
     # the server process is recorded too: the commit trigger names it.
@@ -45,11 +47,11 @@ def _event(kind: str, run_id: str, step: str | None = None, note: str | None = N
         cur = _direct[0].cursor()
         # With the lease's holder and expiry as they stood, for the harness to say what a lapse was.
         cur.execute(
-            "INSERT INTO torture_events (kind, run_id, step, pid, holder, counters, note) "
-            f"SELECT %s, %s, %s, %s, r.lease_holder, CAST(r.lease_expires_at AS {'CHAR' if mysql else 'TEXT'}), "
+            "INSERT INTO torture_events (kind, run_id, step, pid, cursor_old, holder, counters, note) "
+            f"SELECT %s, %s, %s, %s, %s, r.lease_holder, CAST(r.lease_expires_at AS {'CHAR' if mysql else 'TEXT'}), "
             f"CASE WHEN r.lease_holder = %s AND r.lease_expires_at > {now} THEN NULL ELSE 'lapsed' END "
             "FROM django_jobruns_jobrun r WHERE r.id = %s",
-            [kind, run_id, step, os.getpid(), default_holder(), run_id],
+            [kind, run_id, step, os.getpid(), entered or _now(), default_holder(), run_id],
         )
         cur.close()
         return
@@ -102,8 +104,9 @@ def walk(p: Any) -> dict[str, Any]:
         name = f"p{position}-s{index}"
 
         def body(name: str = name) -> str:
+            entered = _now()  # when the body started, by this host's clock (its lease checked just before)
             maybe_die("step")
-            _event("effect", p.run.id, name)
+            _event("effect", p.run.id, name, entered=entered)
             time.sleep(random.uniform(0, float(os.environ.get("TORTURE_STEP_SECONDS", "0.01"))))  # the upstream call
             maybe_die("effect")
             return name
@@ -134,8 +137,9 @@ def long_walk(p: Any) -> dict[str, Any]:
         name = f"long-p{position}-s{index}"
 
         def body(name: str = name) -> str:
+            entered = _now()  # when the body started, by this host's clock (its lease checked just before)
             maybe_die("step")
-            _event("effect", p.run.id, name)
+            _event("effect", p.run.id, name, entered=entered)
             _event("body_start", p.run.id, name, _now())
             until = time.monotonic() + random.uniform(2.0, 3.0) * LEASE  # the slow upstream call
             while time.monotonic() < until:
