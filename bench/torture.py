@@ -314,9 +314,8 @@ class Harness:
         self.frozen = 0
         self.outlived_sigterm = 0
         self.second_signals = 0
-        # Every worker stopped at some moment (its drive's length is not its own).
-        self.ever_stopped: set[subprocess.Popen[bytes]] = set()
-        # When each worker was stopped, by this host's clock, by pid: [from, until (None while stopped)].
+        # Each worker stopped at some moment (its drive's length is not its own), by pid: when,
+        # by this host's clock, [from, until (None while stopped)].
         self.stop_spans: dict[int, list[list[float | None]]] = defaultdict(list)
         # Each worker's budget and log, for the drives' lengths.
         self.budgets: dict[subprocess.Popen[bytes], tuple[float, Path]] = {}
@@ -676,7 +675,6 @@ class Harness:
         self.stop_spans[proc.pid].append([time.time(), None])
         proc.send_signal(signal.SIGSTOP)
         self.stopped[proc] = time.monotonic() + self.hold_past_lease()
-        self.ever_stopped.add(proc)
 
     def stop_began(self, pid: int, start: float, end: float) -> bool:
         """Whether the harness stopped worker ``pid`` at some moment from ``start`` to ``end`` (this host's clock)."""
@@ -812,7 +810,7 @@ class Harness:
         if proc not in self.budgets:
             return
         budget, log = self.budgets.pop(proc)
-        if proc.returncode != 0 or proc in self.ever_stopped:
+        if proc.returncode != 0 or proc.pid in self.stop_spans:
             return
         seconds = None
         for line in reversed(log.read_text(errors="replace").splitlines()):
@@ -840,7 +838,7 @@ class Harness:
         # as a body's end may be written after another body's start (a write waiting for
         # SQLite's lock) though the first body had stopped before the second began.
         bodies: dict[str, list[list[Any]]] = defaultdict(list)
-        stopped_pids = {proc.pid for proc in self.ever_stopped}
+        stopped_pids = set(self.stop_spans)
         poison_bodies: dict[str, int] = defaultdict(int)
         live_taken = lapsed_steps = 0
         effects: dict[tuple[str, str], list[int]] = defaultdict(list)
