@@ -319,7 +319,8 @@ class Harness:
         self.stop_spans: dict[int, list[list[float | None]]] = defaultdict(list)
         # Each worker's budget and log, for the drives' lengths.
         self.budgets: dict[subprocess.Popen[bytes], tuple[float, Path]] = {}
-        self.finished: list[tuple[float, float | None]] = []  # (budget, the drive's own seconds)
+        # (budget, the drive's own seconds, pid, log): a drive past its bound is printed with its log.
+        self.finished: list[tuple[float, float | None, int, Path]] = []
         self.bouncer: Any = None
         self.bouncer_port = 0
         self.hogs_stop: Any = None
@@ -817,7 +818,7 @@ class Harness:
             if line.startswith("{"):
                 seconds = json.loads(line).get("seconds")
                 break
-        self.finished.append((budget, seconds))
+        self.finished.append((budget, seconds, proc.pid, log))
 
     # -- the verdict -----------------------------------------------------------
 
@@ -970,13 +971,23 @@ class Harness:
         # connection (the harness's stalls) for as long as its busy timeout, by design. The
         # drivers wait at least 2 s for a connect (libpq, mysqlclient): where half a lease is
         # less, a reconnect in the drive's last moment may take that much longer.
-        over = [seconds - budget for budget, seconds in self.finished if seconds is not None]
-        if self.args.db == "sqlite":
-            over = []
+        measured = [
+            (seconds - budget, budget, seconds, pid, log)
+            for budget, seconds, pid, log in self.finished
+            if seconds is not None and self.args.db != "sqlite"
+        ]
+        over = [excess for excess, *_ in measured]
         allowance = self.args.lease_ttl + max(0.0, CONNECT_FLOOR - self.args.lease_ttl / 2)
         if self.args.long_steps:
             allowance += 1.0  # a long body sees the budget spent (p.stopping) within a check, and fails its step
         past_budget = sum(excess > allowance for excess in over)
+        for excess, budget, seconds, pid, log in measured:
+            if excess > allowance:
+                print(
+                    f"drive past its budget plus a lease: pid {pid}, budget {budget} s, took {seconds} s "
+                    f"({excess:.2f} s past, {allowance:.2f} allowed); its log: {log}",
+                    flush=True,
+                )
         # A run whose holder stopped between two statements (its row locked) is
         # free to take once its lease and the statement bound (lease / 2) have
         # passed (probed while the holder is still stopped); how long until

@@ -34,6 +34,21 @@ def _event(
     # happens, whatever becomes of the step's memo or the pass. On PostgreSQL
     # the server process is recorded too: the commit trigger names it.
     events_url = os.environ.get("TORTURE_EVENTS_URL")
+    if events_url and kind in ("body_start", "body_end"):
+        # A long body's own bounds go straight to the server too: a statement of the job's on
+        # its partitioned connection would wait, unbounded by the engine, until the network
+        # healed, and the drive would be measured past its budget for the job's wait.
+        from django_jobruns.holders import default_holder
+
+        if not _direct:
+            _direct.append(_connect_direct(events_url))
+        cur = _direct[0].cursor()
+        cur.execute(
+            "INSERT INTO torture_events (kind, run_id, step, pid, holder, note) VALUES (%s, %s, %s, %s, %s, %s)",
+            [kind, run_id, step, os.getpid(), default_holder(), note],
+        )
+        cur.close()
+        return
     if events_url and kind == "effect":
         # A worker behind a faulty network: the effect goes straight to the
         # server, with whether this process's lease was live by the server's
