@@ -980,14 +980,13 @@ class Harness:
         allowance = self.args.lease_ttl + max(0.0, CONNECT_FLOOR - self.args.lease_ttl / 2)
         if self.args.long_steps:
             allowance += 1.0  # a long body sees the budget spent (p.stopping) within a check, and fails its step
-        past_budget = sum(excess > allowance for excess in over)
-        for excess, budget, seconds, pid, log in measured:
-            if excess > allowance:
-                print(
-                    f"drive past its budget plus a lease: pid {pid}, budget {budget} s, took {seconds} s "
-                    f"({excess:.2f} s past, {allowance:.2f} allowed); its log: {log}",
-                    flush=True,
-                )
+        past = [drive for drive in measured if drive[0] > allowance]
+        for excess, budget, seconds, pid, log in past:
+            print(
+                f"drive past its budget plus a lease: pid {pid}, budget {budget} s, took {seconds} s "
+                f"({excess:.2f} s past, {allowance:.2f} allowed); its log: {log}",
+                flush=True,
+            )
         # A run whose holder stopped between two statements (its row locked) is
         # free to take once its lease and the statement bound (lease / 2) have
         # passed (probed while the holder is still stopped); how long until
@@ -1008,7 +1007,7 @@ class Harness:
         return {
             "timed_out_passes": timed_out,
             "drives_measured": len(over),
-            "drives_past_budget_plus_lease": past_budget,
+            "drives_past_budget_plus_lease": len(past),
             "longest_drive_past_budget": round(max(over, default=0.0), 2),
             "between_stalls": self.between_stalls,
             "frozen_runs": frozen,

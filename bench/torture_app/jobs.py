@@ -33,45 +33,36 @@ def _event(
     # Autocommit, outside the app's transactions: durable the moment it
     # happens, whatever becomes of the step's memo or the pass. On PostgreSQL
     # the server process is recorded too: the commit trigger names it.
-    events_url = os.environ.get("TORTURE_EVENTS_URL")
-    if events_url and kind in ("body_start", "body_end"):
-        # A long body's own bounds go straight to the server too: a statement of the job's on
-        # its partitioned connection would wait, unbounded by the engine, until the network
-        # healed, and the drive would be measured past its budget for the job's wait.
-        from django_jobruns.holders import default_holder
-
-        if not _direct:
-            _direct.append(_connect_direct(events_url))
-        cur = _direct[0].cursor()
-        cur.execute(
-            "INSERT INTO torture_events (kind, run_id, step, pid, holder, note) VALUES (%s, %s, %s, %s, %s, %s)",
-            [kind, run_id, step, os.getpid(), default_holder(), note],
-        )
-        cur.close()
-        return
-    if events_url and kind == "effect":
-        # A worker behind a faulty network: the effect goes straight to the
-        # server, with whether this process's lease was live by the server's
-        # clock as the body started -- a step on a lapsed lease is the fault.
-        from django_jobruns.holders import default_holder
-
-        mysql = events_url.startswith("mysql://")
-        if not _direct:
-            _direct.append(_connect_direct(events_url))
-        now = "UTC_TIMESTAMP(6)" if mysql else "clock_timestamp()"
-        cur = _direct[0].cursor()
-        # With the lease's holder and expiry as they stood, for the harness to say what a lapse was.
-        cur.execute(
-            "INSERT INTO torture_events (kind, run_id, step, pid, cursor_old, holder, counters, note) "
-            f"SELECT %s, %s, %s, %s, %s, r.lease_holder, CAST(r.lease_expires_at AS {'CHAR' if mysql else 'TEXT'}), "
-            f"CASE WHEN r.lease_holder = %s AND r.lease_expires_at > {now} THEN NULL ELSE 'lapsed' END "
-            "FROM django_jobruns_jobrun r WHERE r.id = %s",
-            [kind, run_id, step, os.getpid(), entered or _now(), default_holder(), run_id],
-        )
-        cur.close()
-        return
     from django_jobruns.holders import default_holder
 
+    events_url = os.environ.get("TORTURE_EVENTS_URL")
+    if events_url and kind in ("effect", "body_start", "body_end"):
+        # A worker behind a faulty network: its effects and a long body's bounds go straight to
+        # the server. A statement of the job's on its partitioned connection would wait, unbounded
+        # by the engine, until the network healed (the drive then measured past its budget for
+        # the job's wait), and an effect says whether this process's lease was live by the
+        # server's clock as the body started -- a step on a lapsed lease is the fault.
+        if not _direct:
+            _direct.append(_connect_direct(events_url))
+        cur = _direct[0].cursor()
+        if kind == "effect":
+            mysql = events_url.startswith("mysql://")
+            now, text = ("UTC_TIMESTAMP(6)", "CHAR") if mysql else ("clock_timestamp()", "TEXT")
+            # With the lease's holder and expiry as they stood, for the harness to say what a lapse was.
+            cur.execute(
+                "INSERT INTO torture_events (kind, run_id, step, pid, cursor_old, holder, counters, note) "
+                f"SELECT %s, %s, %s, %s, %s, r.lease_holder, CAST(r.lease_expires_at AS {text}), "
+                f"CASE WHEN r.lease_holder = %s AND r.lease_expires_at > {now} THEN NULL ELSE 'lapsed' END "
+                "FROM django_jobruns_jobrun r WHERE r.id = %s",
+                [kind, run_id, step, os.getpid(), entered or _now(), default_holder(), run_id],
+            )
+        else:
+            cur.execute(
+                "INSERT INTO torture_events (kind, run_id, step, pid, holder, note) VALUES (%s, %s, %s, %s, %s, %s)",
+                [kind, run_id, step, os.getpid(), default_holder(), note],
+            )
+        cur.close()
+        return
     backend = {"postgresql": "pg_backend_pid()", "mysql": "CONNECTION_ID()"}.get(connection.vendor, "NULL")
     with connection.cursor() as cur:
         cur.execute(
