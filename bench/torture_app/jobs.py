@@ -20,10 +20,11 @@ _direct: list[Any] = []
 #: The harness's lease (``--lease-ttl``).
 LEASE = float(os.environ.get("TORTURE_LEASE_TTL", "5"))
 #: Each job's ``timeout`` (D19): well past its longest pass (a long body's three leases, a stop of
-#: one and a half). A body blocked for good -- one of ``_event``'s statements whose answer a
-#: partition dropped, which nothing bounds -- is kept alive until then and then given up: its run
-#: is taken over one lease later, as in production. With the default hour, a run whose holder's
-#: keep-alive got through again after the partition stayed held past the harness's patience.
+#: one and a half). A body blocked for good -- a job's statement on the drive's connection whose
+#: answer a partition dropped, which nothing bounds (the torture job's own events go around it) --
+#: is kept alive until then and then given up: its run is taken over one lease later, as in
+#: production. With the default hour, a run whose holder's keep-alive got through again after the
+#: partition stayed held past the harness's patience.
 TIMEOUT = timedelta(seconds=8 * LEASE)
 
 
@@ -36,12 +37,12 @@ def _event(
     from django_jobruns.holders import default_holder
 
     events_url = os.environ.get("TORTURE_EVENTS_URL")
-    if events_url and kind in ("effect", "body_start", "body_end"):
-        # A worker behind a faulty network: its effects and a long body's bounds go straight to
-        # the server. A statement of the job's on its partitioned connection would wait, unbounded
-        # by the engine, until the network healed (the drive then measured past its budget for
-        # the job's wait), and an effect says whether this process's lease was live by the
-        # server's clock as the body started -- a step on a lapsed lease is the fault.
+    if events_url:
+        # A worker behind a faulty network: its events go straight to the server. A statement of
+        # the job's on its partitioned connection would wait, unbounded by the engine, until the
+        # network healed (the drive then measured past its budget for the job's wait), and an
+        # effect says whether this process's lease was live by the server's clock as the body
+        # started -- a step on a lapsed lease is the fault.
         if not _direct:
             _direct.append(_connect_direct(events_url))
         cur = _direct[0].cursor()
@@ -57,9 +58,12 @@ def _event(
                 [kind, run_id, step, os.getpid(), entered or _now(), default_holder(), run_id],
             )
         else:
+            # A pass's start names the worker's server connection, as the commit trigger does, from
+            # what the client knows of it: asking that connection would wait on the partition.
             cur.execute(
-                "INSERT INTO torture_events (kind, run_id, step, pid, holder, note) VALUES (%s, %s, %s, %s, %s, %s)",
-                [kind, run_id, step, os.getpid(), default_holder(), note],
+                "INSERT INTO torture_events (kind, run_id, step, pid, backend, holder, note) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                [kind, run_id, step, os.getpid(), _backend(), default_holder(), note],
             )
         cur.close()
         return
@@ -70,6 +74,18 @@ def _event(
             f"VALUES (%s, %s, %s, %s, {backend}, %s, %s)",
             [kind, run_id, step, os.getpid(), default_holder(), note],
         )
+
+
+def _backend() -> int | None:
+    """The server connection of this worker's Django connection (PostgreSQL's pid, MariaDB's id), asked of none."""
+    raw = connection.connection
+    if raw is None:
+        return None
+    if connection.vendor == "postgresql":
+        return int(raw.info.backend_pid)
+    if connection.vendor == "mysql":
+        return int(raw.thread_id())
+    return None
 
 
 def _now() -> str:
