@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Django's Tasks: this app's backend against django-tasks-db's, on the same database, rounds interleaved.
 
-    python bench/tasks.py --db {sqlite,postgres} [--tasks N] [--latency K] [--rounds R] [--sqlite-mode wal|rollback]
+    python bench/tasks.py --db {sqlite,postgres} [--tasks N] [--latency K] [--rounds R]
+        [--sqlite-mode wal|rollback|both]
 
 Each phase is a fresh database and a fresh worker process waiting for work:
 ``manage.py run_due_jobs --max-seconds …`` for this app, ``manage.py db_worker``
@@ -11,7 +12,8 @@ finished. Latency: K tasks enqueued one at a time, each returning the moment
 it started; enqueue-to-start is that moment less the moment before the
 enqueue (one host, one clock), each enqueue at a random moment of the
 worker's wait. Medians over the rounds; the last line is the
-summary with the ratios.
+summary with the ratios (``--sqlite-mode both``: both journal modes in each
+round, a summary line for each).
 """
 
 from __future__ import annotations
@@ -152,7 +154,12 @@ def main() -> int:
     parser.add_argument("--tasks", type=int, default=300)
     parser.add_argument("--latency", type=int, default=15)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--sqlite-mode", choices=["wal", "rollback"], default="wal")
+    parser.add_argument(
+        "--sqlite-mode",
+        choices=["wal", "rollback", "both"],
+        default="wal",
+        help="SQLite's journal: WAL, the rollback journal (synchronous=FULL), or both interleaved in each round",
+    )
     parser.add_argument(
         "--concurrency",
         type=int,
@@ -162,30 +169,38 @@ def main() -> int:
     parser.add_argument("--phase", choices=["ours", "peer"], help=argparse.SUPPRESS)
     parser.add_argument("--phase-concurrency", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.sqlite_mode == "both" and (args.phase or args.concurrency):
+        parser.error("--sqlite-mode both compares this app with the peer: not with --concurrency")
     if args.phase:
         figures = phase(args.db, args.phase, args.tasks, args.latency, args.sqlite_mode, args.phase_concurrency)
         print(json.dumps(figures))
         return 0
     if args.concurrency:
         return compare_concurrency(args)
-    results: dict[str, list[dict[str, float]]] = {"ours": [], "peer": []}
+    both = args.sqlite_mode == "both" and args.db == "sqlite"
+    modes = ["wal", "rollback"] if both else ["wal" if args.sqlite_mode == "both" else args.sqlite_mode]
+    results: dict[tuple[str, str], list[dict[str, float]]] = {}
     for round_ in range(args.rounds):
         order = ["ours", "peer"] if round_ % 2 == 0 else ["peer", "ours"]
-        for which in order:
-            sizes = ["--tasks", str(args.tasks), "--latency", str(args.latency), "--sqlite-mode", args.sqlite_mode]
-            figures = run_phase("tasks.py", "--db", args.db, "--phase", which, *sizes)
-            results[which].append(figures)
-            print(f"round {round_ + 1} {which}: {json.dumps(figures)}", flush=True)
-    ours_rate = median([r["tasks_per_s"] for r in results["ours"]])
-    peer_rate = median([r["tasks_per_s"] for r in results["peer"]])
-    ours_p50 = median([r["latency_p50_s"] for r in results["ours"]])
-    peer_p50 = median([r["latency_p50_s"] for r in results["peer"]])
-    print(
-        f"db={args.db} mode={args.sqlite_mode if args.db == 'sqlite' else '-'} tasks={args.tasks} rounds={args.rounds} "
-        f"ours_tasks_per_s={ours_rate:.0f} "
-        f"peer_tasks_per_s={peer_rate:.0f} throughput_ratio={ours_rate / peer_rate:.2f} "
-        f"ours_latency_p50_s={ours_p50:.3f} peer_latency_p50_s={peer_p50:.3f}"
-    )
+        for mode in modes:
+            for which in order:
+                sizes = ["--tasks", str(args.tasks), "--latency", str(args.latency), "--sqlite-mode", mode]
+                figures = run_phase("tasks.py", "--db", args.db, "--phase", which, *sizes)
+                results.setdefault((mode, which), []).append(figures)
+                label = f" {mode}" if len(modes) > 1 else ""
+                print(f"round {round_ + 1}{label} {which}: {json.dumps(figures)}", flush=True)
+    for mode in modes:
+        ours, peer = results[(mode, "ours")], results[(mode, "peer")]
+        ours_rate = median([r["tasks_per_s"] for r in ours])
+        peer_rate = median([r["tasks_per_s"] for r in peer])
+        ours_p50 = median([r["latency_p50_s"] for r in ours])
+        peer_p50 = median([r["latency_p50_s"] for r in peer])
+        print(
+            f"db={args.db} mode={mode if args.db == 'sqlite' else '-'} tasks={args.tasks} rounds={args.rounds} "
+            f"ours_tasks_per_s={ours_rate:.0f} "
+            f"peer_tasks_per_s={peer_rate:.0f} throughput_ratio={ours_rate / peer_rate:.2f} "
+            f"ours_latency_p50_s={ours_p50:.3f} peer_latency_p50_s={peer_p50:.3f}"
+        )
     return 0
 
 
