@@ -67,12 +67,11 @@ def _event(
             )
         cur.close()
         return
-    backend = {"postgresql": "pg_backend_pid()", "mysql": "CONNECTION_ID()"}.get(connection.vendor, "NULL")
-    with connection.cursor() as cur:
+    with connection.cursor() as cur:  # the cursor opens the connection that _backend() names
         cur.execute(
             "INSERT INTO torture_events (kind, run_id, step, pid, backend, holder, note) "
-            f"VALUES (%s, %s, %s, %s, {backend}, %s, %s)",
-            [kind, run_id, step, os.getpid(), default_holder(), note],
+            "VALUES (%s, %s, %s, %s, %s, %s, %s)",
+            [kind, run_id, step, os.getpid(), _backend(), default_holder(), note],
         )
 
 
