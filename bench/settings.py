@@ -43,13 +43,13 @@ if DATABASES["default"]["ENGINE"].endswith("postgresql") and os.environ.get("BEN
     DATABASES["default"].setdefault("OPTIONS", {})["server_side_binding"] = True
 
 if DATABASES["default"]["ENGINE"].endswith("postgresql") and os.environ.get("BENCH_PG_PREPARE_THRESHOLD"):
-    # Django turns psycopg's prepared statements off (for poolers in transaction mode); a project
-    # without one may turn them on, and the engine then prepares its own statements.
-    DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = int(os.environ["BENCH_PG_PREPARE_THRESHOLD"])
-
-if DATABASES["default"]["ENGINE"].endswith("postgresql") and os.environ.get("JOBRUNS_TEST_PGBOUNCER"):
-    # Behind PgBouncer in transaction mode: no prepared statements.
-    DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = None
+    # OPTIONS "prepare_threshold" named: a number (the project's and the engine's statements prepared
+    # at it, with server-side binding), or "none" (nothing prepared, as behind a pooler). Unnamed
+    # (Django's default), the engine prepares its own statements on a direct connection.
+    _threshold = os.environ["BENCH_PG_PREPARE_THRESHOLD"]
+    DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = (
+        None if _threshold.lower() == "none" else int(_threshold)
+    )
 
 if os.environ.get("BENCH_TASKS"):
     # bench/tasks.py: Django's Tasks on this app's backend ("ours") or on django-tasks-db ("peer").

@@ -436,7 +436,6 @@ class Harness:
             env = {
                 **env,
                 "DATABASE_URL": f"postgres://postgres@127.0.0.1:{self.bouncer_port}/{POSTGRES_DB}",
-                "JOBRUNS_TEST_PGBOUNCER": "1",
                 "TORTURE_EVENTS_URL": self.url,
             }
         elif self.args.db == "mysql":

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from typing import Any
+from unittest import mock
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_jobruns import run_due_jobs, start_job_run
 from django_jobruns.drive import drive_run
+from django_jobruns.store.postgresql import reaches_the_server_directly
 from tests.support.factories import finished_runs
+from tests.support.pgbouncer import available as pgbouncer_available
 
 pytestmark = pytest.mark.django_db
 
@@ -225,6 +228,86 @@ def test_on_postgresql_the_engines_statements_are_prepared_where_the_project_all
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="prepared statements are PostgreSQL's here")
-def test_on_postgresql_nothing_is_prepared_by_default(behaviour, clock):
-    """Django turns preparing off unless ``OPTIONS`` sets ``prepare_threshold``: a pooler in transaction mode."""
-    assert _drive_eight_runs_of_one_step(behaviour, clock, None) == []
+@pytest.mark.django_db(transaction=True)
+def test_on_postgresql_by_default_the_engines_statements_are_prepared_and_the_projects_are_not(behaviour, clock):
+    """``prepare_threshold`` unset (Django's default) on a direct connection: the engine's, and only the engine's."""
+    import psycopg
+
+    options = connection.settings_dict["OPTIONS"]
+    with mock.patch.dict(options):
+        options.pop("prepare_threshold", None)
+        connection.close()  # a fresh connection: nothing prepared on it yet
+        for i in range(8):
+            behaviour[f"prep{i}"] = lambda p: (p.step("s", lambda: 1), {"done": True})[1]
+            start_job_run("tests.scripted", instance=f"prep{i}")
+        assert run_due_jobs(now=clock).completed == 8
+        prepared = _prepared_engine_statements()
+        assert prepared, "the step's fenced write ran eight times on a direct connection and was never prepared"
+        raw = connection.connection
+        assert raw.prepare_threshold is None, "the connection's threshold is the project's, as it was"
+        # The project's own queries, even with server-side binding, are prepared only if it asks.
+        with psycopg.Cursor(raw) as cur:  # server-side binding, as ``"server_side_binding": True`` gives
+            for _ in range(8):
+                cur.execute("SELECT count(*) FROM django_jobruns_jobstep WHERE step = %s", ["project"])
+        with connection.cursor() as cur:
+            cur.execute("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s", ["%'project'%"])
+            assert cur.fetchone()[0] == 0
+            cur.execute("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s", ["%step = $1%"])
+            assert cur.fetchone()[0] == 0
+    connection.close()
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="prepared statements are PostgreSQL's here")
+@pytest.mark.django_db(transaction=True)
+def test_on_postgresql_options_that_turn_preparing_off_prepare_nothing(behaviour, clock):
+    """``"prepare_threshold": None`` in ``OPTIONS`` (a pooler in transaction mode, as Django's docs say): nothing."""
+    options = connection.settings_dict["OPTIONS"]
+    with mock.patch.dict(options, {"prepare_threshold": None}):
+        connection.close()
+        assert _drive_eight_runs_of_one_step(behaviour, clock, None) == []
+    connection.close()
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql" or not pgbouncer_available(), reason="needs PostgreSQL and Debian's pgbouncer"
+)
+def test_behind_a_pooler_the_engine_prepares_nothing_and_directly_it_does():
+    """A pooler gives its clients a server process id of its own; the engine prepares only where they agree."""
+    from tests.support.pgbouncer import pgbouncer
+
+    settings_dict = connection.settings_dict
+    connection.ensure_connection()
+    assert reaches_the_server_directly(connection)
+    with pgbouncer(settings_dict["HOST"] or "127.0.0.1", int(settings_dict["PORT"]), settings_dict["NAME"]) as port:
+        pooled = connections["default"].__class__(
+            {**settings_dict, "HOST": "127.0.0.1", "PORT": port, "OPTIONS": {}}, alias="pooled"
+        )
+        try:
+            pooled.ensure_connection()
+            assert not reaches_the_server_directly(pooled)
+            assert getattr(pooled.connection, "prepare_threshold", "unset") is None
+        finally:
+            pooled.close()
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="prepared statements are PostgreSQL's here")
+@pytest.mark.django_db(transaction=True)
+def test_a_prepared_statement_its_server_session_lost_is_not_charged_and_preparing_stops(behaviour, clock):
+    """What a pooler the connect did not show would do: the session running the statement never prepared it."""
+    options = connection.settings_dict["OPTIONS"]
+    with mock.patch.dict(options):
+        options.pop("prepare_threshold", None)
+        connection.close()
+        assert _drive_eight_runs_of_one_step(behaviour, clock, None), "prepared on this connection"
+        raw = connection.connection
+        raw.pgconn.exec_(b"DEALLOCATE ALL")  # behind psycopg's back, as another server session would be
+        behaviour["after"] = lambda p: (p.step("s", lambda: 1), {"done": True})[1]
+        run, _ = start_job_run("tests.scripted", instance="after")
+        first = run_due_jobs(now=clock)
+        run.refresh_from_db()
+        assert (first.completed, first.failed, first.retrying, run.attempts) == (0, 0, 0, 0), first
+        assert "no longer prepared" in str(first.unrecorded), first.unrecorded
+        second = run_due_jobs(now=clock)
+        assert second.completed == 1, second
+        assert raw._jobruns_direct is False and _prepared_engine_statements() == []
+    connection.close()

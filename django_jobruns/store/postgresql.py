@@ -12,27 +12,76 @@ from django.db import transaction
 from .base import ClaimedRow, ClaimRider, Committed, PlainClaim, Riders, StepWrite, Store
 from .statements import RUN_FIELDS, PostgresClockSQL
 
+#: psycopg's own default: a statement is prepared on a connection once it has run this many times there.
+PREPARE_THRESHOLD = 5
+
 
 @functools.cache
 def _server_binding() -> Any:
-    """How to make a cursor with server-side parameters on a Django connection (``None`` on psycopg2)."""
+    """How to make a cursor with server-side parameters on a Django connection (``None`` on psycopg2).
+
+    ``make(wrapper, raw, engine_only)``: with ``engine_only``, the cursor
+    prepares what it runs at :data:`PREPARE_THRESHOLD` while the connection's
+    threshold stays as the project left it (``None``), so the engine's
+    statements are prepared and the project's never are.
+    """
     from django.db.backends.postgresql import psycopg_any
 
     if not psycopg_any.is_psycopg3:
         return None
     from django.db.backends.postgresql.base import TIMESTAMPTZ_OID, ServerBindingCursor
+    from psycopg import OperationalError
+    from psycopg.errors import DuplicatePreparedStatement, InvalidSqlStatementName
     from psycopg.pq import Format
 
     cursor_class: Any = ServerBindingCursor
 
-    def make(wrapper: Any, raw: Any) -> Any:
-        cursor = cursor_class(raw)
+    class EnginePreparing(cursor_class):  # type: ignore[misc]
+        """Prepares the statements it runs at :data:`PREPARE_THRESHOLD`, whatever the connection's threshold."""
+
+        def execute(self, *args: Any, **kwargs: Any) -> Any:
+            conn = self.connection
+            kept, conn.prepare_threshold = conn.prepare_threshold, PREPARE_THRESHOLD
+            try:
+                return super().execute(*args, **kwargs)
+            except (InvalidSqlStatementName, DuplicatePreparedStatement) as exc:
+                # The server session is not the one psycopg prepared in: a pooler the connect did
+                # not show. Nothing more is prepared on this connection, and the statement's failure
+                # is the connection's (not charged to the job, as a lost connection is not).
+                conn._jobruns_direct = False
+                raise OperationalError(
+                    f"{exc} (a pooler between: the engine's statements are no longer prepared)"
+                ) from exc
+            finally:
+                conn.prepare_threshold = kept
+
+    def make(wrapper: Any, raw: Any, engine_only: bool) -> Any:
+        cursor = (EnginePreparing if engine_only else cursor_class)(raw)
         # As Django's own cursors: the connection's time zone where it differs from the loader's.
         if wrapper.timezone != raw.adapters.get_loader(TIMESTAMPTZ_OID, Format.TEXT).timezone:
             psycopg_any.register_tzloader(wrapper.timezone, cursor)
         return cursor
 
     return make
+
+
+def reaches_the_server_directly(wrapper: Any) -> bool:
+    """Whether this connection is a server session of its own (no pooler between), asked once per connection.
+
+    A pooler (PgBouncer, pgcat, Odyssey, RDS Proxy...) gives its clients a
+    process id of its own at connect, since the server sessions behind it
+    change from one transaction to the next; so the id psycopg was given
+    and the one the server reports differ. A prepared statement lives in
+    one server session: only where they are the same is it found again.
+    """
+    raw = wrapper.connection
+    known = getattr(raw, "_jobruns_direct", None)
+    if known is None:
+        with wrapper.cursor() as cur:
+            cur.execute("SELECT pg_backend_pid()")
+            (server_pid,) = cur.fetchone()
+        known = raw._jobruns_direct = server_pid == raw.info.backend_pid
+    return bool(known)
 
 
 class PostgresStore(Store):
@@ -45,25 +94,37 @@ class PostgresStore(Store):
     def cursor(self) -> Any:
         """Django's cursor with server-side parameters, so psycopg prepares the engine's statements.
 
-        A statement run a few times on a connection (psycopg's
-        ``prepare_threshold``, five) is prepared there: the server parses and
-        plans it once per connection, not on every pass, whatever binding the
-        project chose for its own queries (Django's default is client-side).
-        Not where preparing is off (``"prepare_threshold": None``, Django's
-        default, for a pooler in transaction mode), nor on psycopg2, nor while
-        Django records the queries (``DEBUG``, a test's
-        ``CaptureQueriesContext``): the record then shows each statement with
-        its values, as Django's own cursor sends it.
+        A statement run a few times on a connection (psycopg's threshold,
+        five) is prepared there: the server parses and plans it once per
+        connection, not on every pass, whatever binding the project chose
+        for its own queries (Django's default is client-side).
+
+        - Where the project set ``"prepare_threshold"`` in ``OPTIONS``, as it
+          says: a number prepares at that threshold; ``None`` prepares
+          nothing (a pooler in transaction mode).
+        - Where it is unset (Django's default: nothing prepared, so that a
+          pooler keeps working), the engine's own statements are prepared on
+          a connection that reaches PostgreSQL directly
+          (:func:`reaches_the_server_directly`), and on none behind a pooler.
+          The project's queries are not prepared either way.
+        - Never on psycopg2, nor while Django records the queries
+          (``DEBUG``, a test's ``CaptureQueriesContext``): the record then
+          shows each statement with its values, as Django's own cursor sends it.
         """
         wrapper = self.connection
         wrapper.close_if_health_check_failed()
         wrapper.ensure_connection()
-        raw = wrapper.connection
         make = _server_binding()
-        if make is None or getattr(raw, "prepare_threshold", None) is None or wrapper.queries_logged:
+        if make is None or wrapper.queries_logged:
             return wrapper.cursor()
+        raw = wrapper.connection
+        engine_only = False
+        if getattr(raw, "prepare_threshold", None) is None:
+            if "prepare_threshold" in wrapper.settings_dict["OPTIONS"] or not reaches_the_server_directly(wrapper):
+                return wrapper.cursor()
+            engine_only = True
         with wrapper.wrap_database_errors:
-            return wrapper._prepare_cursor(make(wrapper, raw))
+            return wrapper._prepare_cursor(make(wrapper, raw, engine_only))
 
     def claim_on(
         self, cur: Any, claim: PlainClaim, also: Riders | None = None, *, skip_locked: bool = False

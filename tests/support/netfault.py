@@ -52,6 +52,9 @@ class Forwarder:
             threading.Thread(target=self._pump, args=(server, client, "down"), daemon=True).start()
 
     def _pump(self, source: socket.socket, sink: socket.socket, direction: str) -> None:
+        # PostgreSQL's statements prepared on this connection, by name: what a chunk that only names
+        # one (Bind) carries is shown to the rule with the statement's text, as if sent with it.
+        prepared: dict[bytes, bytes] = {}
         while True:
             try:
                 chunk = source.recv(65536)
@@ -66,7 +69,7 @@ class Forwarder:
             if self.partitioned.is_set():
                 continue  # dropped: read (so the sender's kernel sees it taken) and never passed on
             self.flowing.wait()  # held: this chunk and those behind it wait for the link to recover
-            delay = self.rule(direction, chunk)
+            delay = self.rule(direction, with_prepared_text(chunk, prepared) if direction == "up" else chunk)
             if delay > 0:
                 self.held[direction] += 1
                 # The held chunk's own delay; a close of the forwarder ends it early.
@@ -93,6 +96,20 @@ class Forwarder:
                 sock.close()
             except OSError:
                 pass
+
+
+#: psycopg's prepared statements on the wire (the extended protocol): a Parse that names the
+#: statement it prepares, and a Bind that runs one by its name.
+_PARSE_NAMED = re.compile(rb"P.{4}(_pg3_\d+)\x00(.*?)\x00", re.S)
+_BIND_NAMED = re.compile(rb"B.{4}[^\x00]*\x00(_pg3_\d+)\x00", re.S)
+
+
+def with_prepared_text(chunk: bytes, prepared: dict[bytes, bytes]) -> bytes:
+    """``chunk``, followed by the text of each prepared statement it runs by name (learnt from its Parse)."""
+    for name, text in _PARSE_NAMED.findall(chunk):
+        prepared[name] = text
+    texts = [prepared[name] for name in _BIND_NAMED.findall(chunk) if name in prepared]
+    return chunk + b"\x00".join([b"", *texts]) if texts else chunk
 
 
 @contextmanager

@@ -69,13 +69,11 @@ if os.environ.get("JOBRUNS_TEST_STOP_AFTER_HEARTBEAT"):
     _connection_created.connect(_install, weak=False)
 
 if _db["ENGINE"].endswith("postgresql") and os.environ.get("JOBRUNS_TEST_PREPARE_THRESHOLD"):
-    # psycopg's prepared statements on, which Django turns off unless OPTIONS asks: the engine
-    # then sends its own statements with server-side parameters, prepared on each connection.
-    _db.setdefault("OPTIONS", {})["prepare_threshold"] = int(os.environ["JOBRUNS_TEST_PREPARE_THRESHOLD"])
-
-if os.environ.get("JOBRUNS_TEST_PGBOUNCER"):
-    # Behind PgBouncer in transaction mode: no server-side prepared statements (PgBouncer < 1.21).
-    _db.setdefault("OPTIONS", {})["prepare_threshold"] = None
+    # OPTIONS "prepare_threshold" named: a number (psycopg's prepared statements on at it, the
+    # project's and the engine's), or "none" (nothing prepared, as a project behind a pooler says).
+    # Unnamed, as Django leaves it, the engine prepares its own statements on a direct connection.
+    _threshold = os.environ["JOBRUNS_TEST_PREPARE_THRESHOLD"]
+    _db.setdefault("OPTIONS", {})["prepare_threshold"] = None if _threshold.lower() == "none" else int(_threshold)
 
 if os.environ.get("JOBRUNS_TEST_READ_ONLY"):
     # A database that refuses writes: a read-only file (a root process ignores
