@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 from unittest import mock
 
@@ -204,19 +205,37 @@ def _prepared_engine_statements() -> list[str]:
         return [row[0] for row in cur.fetchall() if "django_jobruns_jobstep" in row[0]]
 
 
+def _eight_runs_of_one_step(behaviour, clock):
+    """Drive eight runs of one step; return the engine's statements prepared on this connection."""
+    for i in range(8):
+        behaviour[f"prep{i}"] = lambda p: (p.step("s", lambda: 1), {"done": True})[1]
+        start_job_run("tests.scripted", instance=f"prep{i}")
+    assert run_due_jobs(now=clock).completed == 8
+    return _prepared_engine_statements()
+
+
 def _drive_eight_runs_of_one_step(behaviour, clock, threshold):
     """Eight runs of one step, psycopg's ``prepare_threshold`` set as ``OPTIONS`` would set it."""
     connection.ensure_connection()
     raw = connection.connection
     previous, raw.prepare_threshold = raw.prepare_threshold, threshold
     try:
-        for i in range(8):
-            behaviour[f"prep{i}"] = lambda p: (p.step("s", lambda: 1), {"done": True})[1]
-            start_job_run("tests.scripted", instance=f"prep{i}")
-        assert run_due_jobs(now=clock).completed == 8
-        return _prepared_engine_statements()
+        return _eight_runs_of_one_step(behaviour, clock)
     finally:
         raw.prepare_threshold = previous
+
+
+@contextlib.contextmanager
+def _options_naming_no_threshold():
+    """``OPTIONS`` without ``prepare_threshold``, as Django leaves it, on a fresh connection (nothing prepared)."""
+    options = connection.settings_dict["OPTIONS"]
+    with mock.patch.dict(options):
+        options.pop("prepare_threshold", None)
+        connection.close()
+        try:
+            yield
+        finally:
+            connection.close()
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="prepared statements are PostgreSQL's here")
@@ -233,15 +252,8 @@ def test_on_postgresql_by_default_the_engines_statements_are_prepared_and_the_pr
     """``prepare_threshold`` unset (Django's default) on a direct connection: the engine's, and only the engine's."""
     import psycopg
 
-    options = connection.settings_dict["OPTIONS"]
-    with mock.patch.dict(options):
-        options.pop("prepare_threshold", None)
-        connection.close()  # a fresh connection: nothing prepared on it yet
-        for i in range(8):
-            behaviour[f"prep{i}"] = lambda p: (p.step("s", lambda: 1), {"done": True})[1]
-            start_job_run("tests.scripted", instance=f"prep{i}")
-        assert run_due_jobs(now=clock).completed == 8
-        prepared = _prepared_engine_statements()
+    with _options_naming_no_threshold():
+        prepared = _eight_runs_of_one_step(behaviour, clock)
         assert prepared, "the step's fenced write ran eight times on a direct connection and was never prepared"
         raw = connection.connection
         assert raw.prepare_threshold is None, "the connection's threshold is the project's, as it was"
@@ -254,7 +266,6 @@ def test_on_postgresql_by_default_the_engines_statements_are_prepared_and_the_pr
             assert cur.fetchone()[0] == 0
             cur.execute("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s", ["%step = $1%"])
             assert cur.fetchone()[0] == 0
-    connection.close()
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="prepared statements are PostgreSQL's here")
@@ -294,11 +305,8 @@ def test_behind_a_pooler_the_engine_prepares_nothing_and_directly_it_does():
 @pytest.mark.django_db(transaction=True)
 def test_a_prepared_statement_its_server_session_lost_is_not_charged_and_preparing_stops(behaviour, clock):
     """What a pooler the connect did not show would do: the session running the statement never prepared it."""
-    options = connection.settings_dict["OPTIONS"]
-    with mock.patch.dict(options):
-        options.pop("prepare_threshold", None)
-        connection.close()
-        assert _drive_eight_runs_of_one_step(behaviour, clock, None), "prepared on this connection"
+    with _options_naming_no_threshold():
+        assert _eight_runs_of_one_step(behaviour, clock), "prepared on this connection"
         raw = connection.connection
         raw.pgconn.exec_(b"DEALLOCATE ALL")  # behind psycopg's back, as another server session would be
         behaviour["after"] = lambda p: (p.step("s", lambda: 1), {"done": True})[1]
@@ -310,4 +318,3 @@ def test_a_prepared_statement_its_server_session_lost_is_not_charged_and_prepari
         second = run_due_jobs(now=clock)
         assert second.completed == 1, second
         assert raw._jobruns_direct is False and _prepared_engine_statements() == []
-    connection.close()
