@@ -225,12 +225,17 @@ def _drive_eight_runs_of_one_step(behaviour, clock, threshold):
         raw.prepare_threshold = previous
 
 
+_UNNAMED = object()
+
+
 @contextlib.contextmanager
-def _options_naming_no_threshold():
-    """``OPTIONS`` without ``prepare_threshold``, as Django leaves it, on a fresh connection (nothing prepared)."""
+def _fresh_connection(prepare_threshold: Any = _UNNAMED):
+    """A fresh connection (nothing prepared on it); ``OPTIONS`` name ``prepare_threshold`` as given, else not at all."""
     options = connection.settings_dict["OPTIONS"]
     with mock.patch.dict(options):
         options.pop("prepare_threshold", None)
+        if prepare_threshold is not _UNNAMED:
+            options["prepare_threshold"] = prepare_threshold
         connection.close()
         try:
             yield
@@ -252,7 +257,7 @@ def test_on_postgresql_by_default_the_engines_statements_are_prepared_and_the_pr
     """``prepare_threshold`` unset (Django's default) on a direct connection: the engine's, and only the engine's."""
     import psycopg
 
-    with _options_naming_no_threshold():
+    with _fresh_connection():
         prepared = _eight_runs_of_one_step(behaviour, clock)
         assert prepared, "the step's fenced write ran eight times on a direct connection and was never prepared"
         raw = connection.connection
@@ -272,11 +277,8 @@ def test_on_postgresql_by_default_the_engines_statements_are_prepared_and_the_pr
 @pytest.mark.django_db(transaction=True)
 def test_on_postgresql_options_that_turn_preparing_off_prepare_nothing(behaviour, clock):
     """``"prepare_threshold": None`` in ``OPTIONS`` (a pooler in transaction mode, as Django's docs say): nothing."""
-    options = connection.settings_dict["OPTIONS"]
-    with mock.patch.dict(options, {"prepare_threshold": None}):
-        connection.close()
-        assert _drive_eight_runs_of_one_step(behaviour, clock, None) == []
-    connection.close()
+    with _fresh_connection(prepare_threshold=None):
+        assert _eight_runs_of_one_step(behaviour, clock) == []
 
 
 @pytest.mark.skipif(
@@ -305,7 +307,7 @@ def test_behind_a_pooler_the_engine_prepares_nothing_and_directly_it_does():
 @pytest.mark.django_db(transaction=True)
 def test_a_prepared_statement_its_server_session_lost_is_not_charged_and_preparing_stops(behaviour, clock):
     """What a pooler the connect did not show would do: the session running the statement never prepared it."""
-    with _options_naming_no_threshold():
+    with _fresh_connection():
         assert _eight_runs_of_one_step(behaviour, clock), "prepared on this connection"
         raw = connection.connection
         raw.pgconn.exec_(b"DEALLOCATE ALL")  # behind psycopg's back, as another server session would be
