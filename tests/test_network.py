@@ -250,6 +250,44 @@ def test_a_drive_partitioned_from_its_first_statement_ends_within_its_budget_plu
     assert any(words in err for words in said), err
 
 
+#: What Django sends as it sets a new connection up, before any statement of the engine's: PostgreSQL's
+#: time zone (where the server's differs: ``PGTZ`` below sees to that), MariaDB's isolation level.
+SETTING_UP = (b"set_config('TimeZone'", b"SET SESSION TRANSACTION")
+
+
+def test_a_partition_as_a_connection_is_set_up_ends_the_drive_within_its_budget_plus_one_lease():
+    """The network goes between a connect and Django's first statement on it, sockets open: the drive still ends."""
+    budget, lease = 3, 5
+    links: list = []
+
+    def rule(leg: str, chunk: bytes) -> float:
+        if leg == "up" and any(words in chunk for words in SETTING_UP):
+            links[0].partitioned.set()  # this statement reaches the server; its answer never comes back
+        return 0.0
+
+    with forwarding(*database(), rule) as forwarder:
+        links.append(forwarder)
+        started = time.monotonic()
+        worker = manage(
+            "run_due_jobs",
+            "--max-seconds",
+            str(budget),
+            "--lease-ttl",
+            str(lease),
+            extra_env={**through(forwarder.port), "PGTZ": "Europe/Paris"},
+        )
+        try:
+            out, err = worker.communicate(timeout=budget + lease + 30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.communicate()
+            pytest.fail("the drive hung on a partition as its connection was set up")
+        took = time.monotonic() - started
+        assert forwarder.partitioned.is_set(), "Django set no connection up through the link"
+    assert took < budget + lease + 8, took
+    assert "outlasted its bound" in err or "Timeout (" in err, err
+
+
 @pytest.mark.skipif("connection.vendor != 'mysql'", reason="a fenced write of two statements is MariaDB's and MySQL's")
 def test_a_worker_stalled_between_the_statements_of_a_fenced_write_freezes_no_run(effects):
     """A holds the run's row lock between its heartbeat and its step record, and stops there (SIGSTOP)."""

@@ -10,7 +10,9 @@ its socket, which the driver reports as a lost connection -- and the engine
 replaces the connection and goes on, as after any lost connection.
 
 Connecting is bounded too: a drive's connections are opened with
-``connect_timeout`` unless the project set one.
+``connect_timeout`` unless the project set one, and the statements Django
+sends on a connection it has just opened (a time zone, an isolation level)
+are bounded as the engine's are.
 
 A driver call that waits on the network while holding the interpreter's lock
 (mysqlclient's ``autocommit`` and ``commit`` do) stops every Python thread,
@@ -39,7 +41,7 @@ logger = logging.getLogger("django_jobruns")
 
 _local = threading.local()
 _lock = threading.Lock()
-_armed: dict[int, tuple[float, float, int]] = {}
+_armed: dict[int, tuple[float, float, Any]] = {}  # token: (deadline, bound, socket or opening wrapper)
 _tokens = itertools.count()
 _started = threading.Event()
 #: How often the watchdog looks at the armed statements.
@@ -71,10 +73,17 @@ def guarded(wrapper: Any) -> Iterator[None]:
         yield  # outside a drive, or a database file on this host
         return
     _bound_connects(wrapper, bound)
+    deadline = time.monotonic() + bound
+    if wrapper.connection is None:
+        # A new connection: once it is open Django sends statements of its own
+        # on it (PostgreSQL's time zone, MariaDB's isolation level), which wait
+        # on the network like any other. Its socket does not exist yet, so the
+        # watchdog looks for it when the bound is outlasted.
+        with _armed_on(wrapper, deadline, bound, wrapper):
+            wrapper.ensure_connection()
     # The socket is taken here, in the thread that owns the connection (a
     # driver may refuse to be touched from another), as a duplicate: it stays
     # this socket for as long as it is armed, whatever reuses the number.
-    wrapper.ensure_connection()
     try:
         sock = os.dup(wrapper.connection.fileno())
     except Exception:
@@ -82,19 +91,27 @@ def guarded(wrapper: Any) -> Iterator[None]:
         # Django, which reports it as the engine's own error (and replaces it).
         yield
         return
+    try:
+        with _armed_on(wrapper, deadline, bound, sock):
+            yield
+    finally:
+        os.close(sock)
+
+
+@contextlib.contextmanager
+def _armed_on(wrapper: Any, deadline: float, bound: float, target: Any) -> Iterator[None]:
+    """Cut ``target`` (a socket, or the connection ``wrapper`` is opening) if the block outlasts ``deadline``."""
     token = next(_tokens)
-    now = time.monotonic()
     with _lock:
-        _armed[token] = (now + bound, bound, sock)
+        _armed[token] = (deadline, bound, target)
         if vendors.of(wrapper).holds_the_lock:
-            _arm_backstop(now, bound)
+            _arm_backstop(time.monotonic(), bound)
     _start()
     try:
         yield
     finally:
         with _lock:
             _armed.pop(token, None)
-        os.close(sock)
 
 
 _backstop: list[float] = []  # when the armed backstop fires, if one is armed
@@ -133,13 +150,29 @@ def _watch() -> None:
         idle.wait(TICK)
         now = time.monotonic()
         with _lock:
-            for token, (deadline, bound, sock) in list(_armed.items()):
+            for token, (deadline, bound, target) in list(_armed.items()):
                 if now >= deadline:
-                    _armed.pop(token)
-                    _cut(sock, bound)
+                    sock = _socket_of(target)
+                    if sock is not None:  # else still connecting, which ``connect_timeout`` bounds
+                        _armed.pop(token)
+                        _cut(sock, bound)
             if _backstop and not _armed:
                 faulthandler.cancel_dump_traceback_later()
                 _backstop.clear()
+
+
+def _socket_of(target: Any) -> int | None:
+    """An armed socket, or that of the connection a wrapper is opening (``None`` before it is open).
+
+    Read from this thread while the owner waits inside ``connect()``, which
+    neither closes the connection nor lets another take its number.
+    """
+    if isinstance(target, int):
+        return target
+    try:
+        return int(target.connection.fileno())
+    except Exception:
+        return None  # not open yet, or already lost
 
 
 def _cut(fd: int, bound: float) -> None:
