@@ -44,13 +44,19 @@ def in_callers_transaction() -> bool:
     return any(not getattr(block, "_from_testcase", False) for block in connection().atomic_blocks)
 
 
-def replace_if_broken() -> None:
+def replace_if_broken(bound: float | None = None) -> None:
     """Close this thread's connection if the server dropped it, so the next statement opens a new one.
 
     Not inside a transaction: the caller's transaction owns the connection.
+    After an error Django asks the connection whether it still answers (a
+    statement of its own), which a partition can leave waiting: that question
+    is bounded as the drive's statements are (D15), by ``bound`` or else this
+    thread's bound.
     """
     wrapper = connection()
-    if not wrapper.in_atomic_block:
+    if wrapper.in_atomic_block or wrapper.connection is None:
+        return
+    with watchdog.bounding(bound or watchdog.current_bound()), watchdog.guarded(wrapper):
         wrapper.close_if_unusable_or_obsolete()
 
 

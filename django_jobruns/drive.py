@@ -174,7 +174,7 @@ def _round_on_a_live_connection(
         except TRANSIENT as exc:
             if db.connection().in_atomic_block:
                 raise  # the caller's transaction owns the connection
-            db.replace_if_broken()
+            db.replace_if_broken(options.statement_bound)
             if attempt == 1:
                 first = exc
                 continue

@@ -155,7 +155,7 @@ def renew(claim: Claim) -> None:
             RETRY_SECONDS,
             claim.lease_left().total_seconds(),
         )
-        db.replace_if_broken()
+        db.replace_if_broken(bound)
     except Exception:
         claim.renewal_failed(time.monotonic() + RETRY_SECONDS)
         logger.exception("run %s: the lease's renewal failed", claim.run_id)

@@ -9,6 +9,7 @@ lease from when it sent the statement that set it, so neither leg can matter.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -19,7 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from django.conf import settings
-from django.db import connection
+from django.db import DatabaseError, connection, connections
 
 from django_jobruns import run_due_jobs, start_job_run
 from django_jobruns.models import JobRun
@@ -286,6 +287,47 @@ def test_a_partition_as_a_connection_is_set_up_ends_the_drive_within_its_budget_
         assert forwarder.partitioned.is_set(), "Django set no connection up through the link"
     assert took < budget + lease + 8, took
     assert "outlasted its bound" in err or "Timeout (" in err, err
+
+
+def test_a_connection_looked_at_after_an_error_while_the_link_is_down_is_given_up_within_the_bound():
+    """After an error the engine asks the connection whether it still works (Django's ``SELECT 1``) before reusing it.
+
+    With the link down, sockets open, that question is cut at the thread's
+    bound and the connection given up, as any statement of the drive's is.
+    """
+    from django_jobruns import db
+    from django_jobruns.store import watchdog
+
+    ended = threading.Event()
+    failures: list[BaseException] = []
+    wrapper_class = type(connections[connection.alias])
+    with forwarding(*database()) as forwarder:
+
+        def look() -> None:
+            settings_dict = {
+                **connection.settings_dict,
+                "HOST": "127.0.0.1",
+                "PORT": forwarder.port,
+                "OPTIONS": dict(connection.settings_dict["OPTIONS"]),
+            }
+            wrapper = wrapper_class(settings_dict, connection.alias)
+            connections[connection.alias] = wrapper  # this thread's connection, through the link
+            try:
+                with wrapper.cursor() as cur, contextlib.suppress(DatabaseError):
+                    cur.execute("SELECT * FROM no_such_table")
+                assert wrapper.errors_occurred
+                forwarder.partitioned.set()
+                with watchdog.bounding(1.0):
+                    db.replace_if_broken()
+                assert wrapper.connection is None, "a connection that cannot answer was kept"
+            except BaseException as exc:
+                failures.append(exc)
+            finally:
+                ended.set()
+
+        threading.Thread(target=look, daemon=True).start()
+        assert ended.wait(30), "the look at the connection hung on the partition"
+    assert not failures, failures
 
 
 @pytest.mark.skipif("connection.vendor != 'mysql'", reason="a fenced write of two statements is MariaDB's and MySQL's")

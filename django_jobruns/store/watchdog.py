@@ -79,8 +79,11 @@ def guarded(wrapper: Any) -> Iterator[None]:
         # on it (PostgreSQL's time zone, MariaDB's isolation level), which wait
         # on the network like any other. Its socket does not exist yet, so the
         # watchdog looks for it when the bound is outlasted.
-        with _armed_on(wrapper, deadline, bound, wrapper):
+        token = _arm(wrapper, deadline, bound, wrapper)
+        try:
             wrapper.ensure_connection()
+        finally:
+            _disarm(token)
     # The socket is taken here, in the thread that owns the connection (a
     # driver may refuse to be touched from another), as a duplicate: it stays
     # this socket for as long as it is armed, whatever reuses the number.
@@ -91,27 +94,28 @@ def guarded(wrapper: Any) -> Iterator[None]:
         # Django, which reports it as the engine's own error (and replaces it).
         yield
         return
+    token = _arm(wrapper, deadline, bound, sock)
     try:
-        with _armed_on(wrapper, deadline, bound, sock):
-            yield
+        yield
     finally:
+        _disarm(token)
         os.close(sock)
 
 
-@contextlib.contextmanager
-def _armed_on(wrapper: Any, deadline: float, bound: float, target: Any) -> Iterator[None]:
-    """Cut ``target`` (a socket, or the connection ``wrapper`` is opening) if the block outlasts ``deadline``."""
+def _arm(wrapper: Any, deadline: float, bound: float, target: Any) -> int:
+    """Have ``target`` cut (a socket, or the connection ``wrapper`` is opening) once ``deadline`` passes."""
     token = next(_tokens)
     with _lock:
         _armed[token] = (deadline, bound, target)
         if vendors.of(wrapper).holds_the_lock:
             _arm_backstop(time.monotonic(), bound)
     _start()
-    try:
-        yield
-    finally:
-        with _lock:
-            _armed.pop(token, None)
+    return token
+
+
+def _disarm(token: int) -> None:
+    with _lock:
+        _armed.pop(token, None)
 
 
 _backstop: list[float] = []  # when the armed backstop fires, if one is armed
