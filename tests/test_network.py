@@ -25,7 +25,7 @@ from django.db import DatabaseError, connection, connections
 from django_jobruns import run_due_jobs, start_job_run
 from django_jobruns.models import JobRun
 from tests.conftest import effect_lines, manage, wait_until
-from tests.support.netfault import delay_clock_reading, forwarding
+from tests.support.netfault import Forwarder, delay_clock_reading, forwarding
 
 pytestmark = [
     pytest.mark.slow,
@@ -192,6 +192,29 @@ def test_a_release_on_a_dropped_connection_is_made_on_a_new_one_and_never_charge
     assert (run.attempts, run.last_error, run.cursor) == (0, None, "2")
 
 
+def drive_through(forwarder: Forwarder, budget: int, lease: int, **env: str) -> subprocess.Popen:
+    """A worker driving for ``budget`` seconds with leases of ``lease``, its database reached through ``forwarder``."""
+    return manage(
+        "run_due_jobs",
+        "--max-seconds",
+        str(budget),
+        "--lease-ttl",
+        str(lease),
+        extra_env={**through(forwarder.port), **env},
+    )
+
+
+def said_once_ended(worker: subprocess.Popen, timeout: float, hung: str) -> str:
+    """What ``worker`` said on stderr, once it ended; one still running after ``timeout`` seconds fails the test."""
+    try:
+        _, err = worker.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        worker.kill()
+        worker.communicate()
+        pytest.fail(f"the drive hung on a partition {hung}")
+    return str(err)
+
+
 @pytest.mark.parametrize("stop_with", ["budget", "SIGTERM"])
 def test_a_partition_without_reset_ends_the_drive_within_its_budget_plus_one_lease(effects, stop_with):
     """Traffic stops both ways between a step's body and its record, sockets open: the drive still ends."""
@@ -200,25 +223,13 @@ def test_a_partition_without_reset_ends_the_drive_within_its_budget_plus_one_lea
     )
     budget, lease = (6, 5) if stop_with == "budget" else (600, 5)
     with forwarding(*database()) as forwarder:
-        worker = manage(
-            "run_due_jobs",
-            "--max-seconds",
-            str(budget),
-            "--lease-ttl",
-            str(lease),
-            extra_env={**through(forwarder.port), "PGAPPNAME": "jobruns-partitioned"},
-        )
+        worker = drive_through(forwarder, budget, lease, PGAPPNAME="jobruns-partitioned")
         wait_until(lambda: [step for _, step in effect_lines(effects)] == ["a"], "step a to complete")
         forwarder.partitioned.set()  # the handler thinks for 2 s: its next statement is step c's
         started = time.monotonic()
         if stop_with == "SIGTERM":
             worker.send_signal(signal.SIGTERM)
-        try:
-            out, err = worker.communicate(timeout=budget + lease + 30 if stop_with == "budget" else lease + 30)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.communicate()
-            pytest.fail("the drive hung on the partition")
+        err = said_once_ended(worker, budget + lease + 30 if stop_with == "budget" else lease + 30, "between steps")
     took = time.monotonic() - started
     assert took < (budget if stop_with == "budget" else 0) + lease + 10, took
     # The connection cut under the waiting driver; or, where the driver waits holding the
@@ -234,15 +245,8 @@ def test_a_drive_partitioned_from_its_first_statement_ends_within_its_budget_plu
     with forwarding(*database()) as forwarder:
         forwarder.partitioned.set()
         started = time.monotonic()
-        worker = manage(
-            "run_due_jobs", "--max-seconds", str(budget), "--lease-ttl", str(lease), extra_env=through(forwarder.port)
-        )
-        try:
-            out, err = worker.communicate(timeout=budget + lease + 30)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.communicate()
-            pytest.fail("the drive hung on a partition before its first statement")
+        worker = drive_through(forwarder, budget, lease)
+        err = said_once_ended(worker, budget + lease + 30, "before its first statement")
         took = time.monotonic() - started
         assert forwarder.accepted_while_partitioned >= 1, "the drive did reach the partitioned link"
     # Process start-up (Django's set-up) is counted too: a few seconds of slack.
@@ -259,7 +263,7 @@ SETTING_UP = (b"set_config('TimeZone'", b"SET SESSION TRANSACTION")
 def test_a_partition_as_a_connection_is_set_up_ends_the_drive_within_its_budget_plus_one_lease():
     """The network goes between a connect and Django's first statement on it, sockets open: the drive still ends."""
     budget, lease = 3, 5
-    links: list = []
+    links: list[Forwarder] = []
 
     def rule(leg: str, chunk: bytes) -> float:
         if leg == "up" and any(words in chunk for words in SETTING_UP):
@@ -269,20 +273,8 @@ def test_a_partition_as_a_connection_is_set_up_ends_the_drive_within_its_budget_
     with forwarding(*database(), rule) as forwarder:
         links.append(forwarder)
         started = time.monotonic()
-        worker = manage(
-            "run_due_jobs",
-            "--max-seconds",
-            str(budget),
-            "--lease-ttl",
-            str(lease),
-            extra_env={**through(forwarder.port), "PGTZ": "Europe/Paris"},
-        )
-        try:
-            out, err = worker.communicate(timeout=budget + lease + 30)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.communicate()
-            pytest.fail("the drive hung on a partition as its connection was set up")
+        worker = drive_through(forwarder, budget, lease, PGTZ="Europe/Paris")
+        err = said_once_ended(worker, budget + lease + 30, "as its connection was set up")
         took = time.monotonic() - started
         assert forwarder.partitioned.is_set(), "Django set no connection up through the link"
     assert took < budget + lease + 8, took
