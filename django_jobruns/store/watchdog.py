@@ -12,7 +12,8 @@ replaces the connection and goes on, as after any lost connection.
 Connecting is bounded too: a drive's connections are opened with
 ``connect_timeout`` unless the project set one, and the statements Django
 sends on a connection it has just opened (a time zone, an isolation level)
-are bounded as the engine's are.
+are bounded as the engine's are, and so is its check of a connection kept
+for reuse (``CONN_HEALTH_CHECKS``), which may open another.
 
 A driver call that waits on the network while holding the interpreter's lock
 (mysqlclient's ``autocommit`` and ``commit`` do) stops every Python thread,
@@ -41,7 +42,7 @@ logger = logging.getLogger("django_jobruns")
 
 _local = threading.local()
 _lock = threading.Lock()
-_armed: dict[int, tuple[float, float, Any]] = {}  # token: (deadline, bound, socket or opening wrapper)
+_armed: dict[int, tuple[float, float, int | list[int]]] = {}  # token: (deadline, bound, socket or one opening)
 _tokens = itertools.count()
 _started = threading.Event()
 #: How often the watchdog looks at the armed statements.
@@ -74,36 +75,80 @@ def guarded(wrapper: Any) -> Iterator[None]:
         return
     _bound_connects(wrapper, bound)
     deadline = time.monotonic() + bound
+    if wrapper.connection is not None and wrapper.health_check_enabled and not wrapper.health_check_done:
+        # Django's check of a connection kept for reuse (``CONN_HEALTH_CHECKS``),
+        # which replaces a dead one: made here, under the old socket's bound,
+        # so that a new connection is set up under the bound as below.
+        armed = _arm_socket(wrapper, deadline, bound)
+        try:
+            wrapper.close_if_health_check_failed()
+        finally:
+            _disarm_socket(armed)
     if wrapper.connection is None:
         # A new connection: once it is open Django sends statements of its own
         # on it (PostgreSQL's time zone, MariaDB's isolation level), which wait
-        # on the network like any other. Its socket does not exist yet, so the
-        # watchdog looks for it when the bound is outlasted.
-        token = _arm(wrapper, deadline, bound, wrapper)
+        # on the network like any other. Its socket is armed as it opens.
+        opened: list[int] = []
+        token = _arm(wrapper, deadline, bound, opened)
         try:
-            wrapper.ensure_connection()
+            _connect(wrapper, opened)
         finally:
             _disarm(token)
-    # The socket is taken here, in the thread that owns the connection (a
-    # driver may refuse to be touched from another), as a duplicate: it stays
-    # this socket for as long as it is armed, whatever reuses the number.
-    try:
-        sock = os.dup(wrapper.connection.fileno())
-    except Exception:
-        # A connection already lost: the statement finds that out through
-        # Django, which reports it as the engine's own error (and replaces it).
-        yield
-        return
-    token = _arm(wrapper, deadline, bound, sock)
+            for sock in opened:
+                os.close(sock)
+    armed = _arm_socket(wrapper, deadline, bound)
     try:
         yield
     finally:
-        _disarm(token)
-        os.close(sock)
+        _disarm_socket(armed)
 
 
-def _arm(wrapper: Any, deadline: float, bound: float, target: Any) -> int:
-    """Have ``target`` cut (a socket, or the connection ``wrapper`` is opening) once ``deadline`` passes."""
+def _connect(wrapper: Any, opened: list[int]) -> None:
+    """Open ``wrapper``'s connection, putting a duplicate of its socket in ``opened`` before Django's statements on it.
+
+    In this thread, between the driver's connect and Django's set-up of the
+    new connection: a driver may refuse to be asked for its socket from
+    another thread while a statement waits (mysqlclient does).
+    """
+    connect = wrapper.get_new_connection
+
+    def noting_the_socket(conn_params: Any) -> Any:
+        new = connect(conn_params)
+        with contextlib.suppress(Exception):  # no socket to arm: ``connect_timeout`` and the backstop remain
+            opened.append(os.dup(new.fileno()))
+        return new
+
+    wrapper.get_new_connection = noting_the_socket
+    try:
+        wrapper.ensure_connection()
+    finally:
+        del wrapper.get_new_connection
+
+
+def _arm_socket(wrapper: Any, deadline: float, bound: float) -> tuple[int, int] | None:
+    """Have the socket of ``wrapper``'s open connection cut once ``deadline`` passes: the token and the duplicate armed.
+
+    The socket is taken here, in the thread that owns the connection (a
+    driver may refuse to be touched from another), as a duplicate: it stays
+    this socket for as long as it is armed, whatever reuses the number.
+    ``None``: a connection already lost, which the statement finds out
+    through Django, reported as the engine's own error (and replaced).
+    """
+    try:
+        sock = os.dup(wrapper.connection.fileno())
+    except Exception:
+        return None
+    return _arm(wrapper, deadline, bound, sock), sock
+
+
+def _disarm_socket(armed: tuple[int, int] | None) -> None:
+    if armed is not None:
+        _disarm(armed[0])
+        os.close(armed[1])
+
+
+def _arm(wrapper: Any, deadline: float, bound: float, target: int | list[int]) -> int:
+    """Have ``target`` cut (a socket, or that of a connection ``wrapper`` is opening) once ``deadline`` passes."""
     token = next(_tokens)
     with _lock:
         _armed[token] = (deadline, bound, target)
@@ -165,18 +210,11 @@ def _watch() -> None:
                 _backstop.clear()
 
 
-def _socket_of(target: Any) -> int | None:
-    """An armed socket, or that of the connection a wrapper is opening (``None`` before it is open).
-
-    Read from this thread while the owner waits inside ``connect()``, which
-    neither closes the connection nor lets another take its number.
-    """
+def _socket_of(target: int | list[int]) -> int | None:
+    """An armed socket, or that of a connection being opened (``None`` until open: ``connect_timeout`` bounds that)."""
     if isinstance(target, int):
         return target
-    try:
-        return int(target.connection.fileno())
-    except Exception:
-        return None  # not open yet, or already lost
+    return target[0] if target else None
 
 
 def _cut(fd: int, bound: float) -> None:
