@@ -73,7 +73,7 @@ def run_due_jobs(
     releases, and returns.
 
     ``limit`` and ``lease_ttl`` default to ``JOBRUNS["DRIVE_LIMIT"]`` (50) and
-    ``JOBRUNS["LEASE_TTL"]`` (5 minutes); a job's own ``@job(lease=…)`` wins
+    ``JOBRUNS["LEASE_TTL"]`` (30 s); a job's own ``@job(lease=…)`` wins
     over either. Options that cannot mean what they say raise
     :class:`InvalidDriveOptions` before anything is claimed. A run's failure
     never escapes: it is recorded on the run and reported in ``errors``.

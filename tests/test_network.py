@@ -285,6 +285,35 @@ def test_a_partition_as_a_connection_is_set_up_ends_the_drive_within_its_budget_
     assert "outlasted its bound" in err, err
 
 
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="a drive LISTENs for work on PostgreSQL alone")
+def test_a_drive_stopped_while_it_waits_for_work_on_a_partitioned_link_ends_within_a_lease():
+    """The link goes as the drive begins to wait for work (its LISTEN answered), sockets open; then SIGTERM.
+
+    The drive's UNLISTEN on its way out meets the partition: it is bounded as
+    every statement of the drive's is.
+    """
+    lease = 5
+    waiting = threading.Event()
+    answers: list[bytes] = []
+
+    def rule(leg: str, chunk: bytes) -> float:
+        if leg == "down" and b"C\x00\x00\x00\x0bLISTEN\x00" in chunk:  # a LISTEN's answer, on its way
+            answers.append(chunk)
+            if len(answers) == 2:  # a wait's LISTEN, after the first one's check that a NOTIFY arrives
+                waiting.set()
+        return 0.0
+
+    with forwarding(*database(), rule) as forwarder:
+        worker = drive_through(forwarder, 600, lease)
+        assert waiting.wait(30), "the drive never waited for work"
+        forwarder.partitioned.set()  # nothing after the LISTEN's answer arrives
+        started = time.monotonic()
+        worker.send_signal(signal.SIGTERM)
+        err = said_once_ended(worker, lease + 30, "as it stopped waiting for work")
+    took = time.monotonic() - started
+    assert took < lease + 5, (took, err)
+
+
 def in_a_thread_through(forwarder: Forwarder, work: Callable[[Any], None], hung: str, **settings_dict: Any) -> None:
     """``work(wrapper)`` in a thread of its own whose connection reaches the database through ``forwarder``.
 

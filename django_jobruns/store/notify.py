@@ -69,7 +69,8 @@ class Waiter:
             try:
                 wrapper = db.connection()
                 if wrapper.connection is self.raw:
-                    with wrapper.cursor() as cur:
+                    # Bounded as the LISTEN was: a partition here would hold the drive's end.
+                    with watchdog.bounding(self.bound), watchdog.guarded(wrapper), wrapper.cursor() as cur:
                         cur.execute(f"UNLISTEN {CHANNEL}")
             except Exception:
                 logger.debug("UNLISTEN failed", exc_info=True)
