@@ -42,7 +42,8 @@ logger = logging.getLogger("django_jobruns")
 
 _local = threading.local()
 _lock = threading.Lock()
-_armed: dict[int, tuple[float, float, int | list[int]]] = {}  # token: (deadline, bound, socket or one opening)
+#: token: (deadline, bound, the socket to cut: one, or none yet while its connection opens)
+_armed: dict[int, tuple[float, float, list[int]]] = {}
 _tokens = itertools.count()
 _started = threading.Event()
 #: How often the watchdog looks at the armed statements.
@@ -138,7 +139,7 @@ def _arm_socket(wrapper: Any, deadline: float, bound: float) -> tuple[int, int] 
         sock = os.dup(wrapper.connection.fileno())
     except Exception:
         return None
-    return _arm(wrapper, deadline, bound, sock), sock
+    return _arm(wrapper, deadline, bound, [sock]), sock
 
 
 def _disarm_socket(armed: tuple[int, int] | None) -> None:
@@ -147,8 +148,8 @@ def _disarm_socket(armed: tuple[int, int] | None) -> None:
         os.close(armed[1])
 
 
-def _arm(wrapper: Any, deadline: float, bound: float, target: int | list[int]) -> int:
-    """Have ``target`` cut (a socket, or that of a connection ``wrapper`` is opening) once ``deadline`` passes."""
+def _arm(wrapper: Any, deadline: float, bound: float, target: list[int]) -> int:
+    """Have the socket in ``target`` cut once ``deadline`` passes (empty while its connection opens: not yet)."""
     token = next(_tokens)
     with _lock:
         _armed[token] = (deadline, bound, target)
@@ -201,20 +202,12 @@ def _watch() -> None:
         with _lock:
             for token, (deadline, bound, target) in list(_armed.items()):
                 if now >= deadline:
-                    sock = _socket_of(target)
-                    if sock is not None:  # else still connecting, which ``connect_timeout`` bounds
+                    if target:  # else still connecting, which ``connect_timeout`` bounds
                         _armed.pop(token)
-                        _cut(sock, bound)
+                        _cut(target[0], bound)
             if _backstop and not _armed:
                 faulthandler.cancel_dump_traceback_later()
                 _backstop.clear()
-
-
-def _socket_of(target: int | list[int]) -> int | None:
-    """An armed socket, or that of a connection being opened (``None`` until open: ``connect_timeout`` bounds that)."""
-    if isinstance(target, int):
-        return target
-    return target[0] if target else None
 
 
 def _cut(fd: int, bound: float) -> None:
