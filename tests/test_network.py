@@ -266,15 +266,13 @@ SETTING_UP = (b"set_config('TimeZone'", b"SET SESSION TRANSACTION")
 def test_a_partition_as_a_connection_is_set_up_ends_the_drive_within_its_budget_plus_one_lease():
     """The network goes between a connect and Django's first statement on it, sockets open: the drive still ends."""
     budget, lease = 3, 5
-    links: list[Forwarder] = []
 
     def rule(leg: str, chunk: bytes) -> float:
         if leg == "up" and any(words in chunk for words in SETTING_UP):
-            links[0].partitioned.set()  # this statement reaches the server; its answer never comes back
+            forwarder.partitioned.set()  # this statement reaches the server; its answer never comes back
         return 0.0
 
     with forwarding(*database(), rule) as forwarder:
-        links.append(forwarder)
         started = time.monotonic()
         worker = drive_through(forwarder, budget, lease, PGTZ="Europe/Paris")
         err = said_once_ended(worker, budget + lease + 30, "as its connection was set up")
@@ -373,11 +371,10 @@ def test_a_connection_djangos_health_check_replaces_is_set_up_within_the_bound()
     from django_jobruns.store import watchdog
 
     next_set_up_cuts = threading.Event()
-    links: list[Forwarder] = []
 
     def rule(leg: str, chunk: bytes) -> float:
         if next_set_up_cuts.is_set() and leg == "up" and any(words in chunk for words in SETTING_UP):
-            links[0].partitioned.set()
+            forwarder.partitioned.set()
         return 0.0
 
     options = dict(connection.settings_dict["OPTIONS"])
@@ -386,7 +383,7 @@ def test_a_connection_djangos_health_check_replaces_is_set_up_within_the_bound()
 
     def reuse(wrapper: Any) -> None:
         wrapper.ensure_connection()
-        for sock in list(links[0].sockets):  # the connection dies while kept
+        for sock in list(forwarder.sockets):  # the connection dies while kept
             with contextlib.suppress(OSError):  # an end the other's shutdown already closed
                 sock.shutdown(socket.SHUT_RDWR)
         wrapper.health_check_done = False  # as Django leaves a kept connection between requests
@@ -394,10 +391,9 @@ def test_a_connection_djangos_health_check_replaces_is_set_up_within_the_bound()
         with contextlib.suppress(DatabaseError), watchdog.bounding(1.0), watchdog.guarded(wrapper):
             with wrapper.cursor() as cur:
                 cur.execute("SELECT 1")
-        assert links[0].partitioned.is_set(), "the dead connection was not replaced"
+        assert forwarder.partitioned.is_set(), "the dead connection was not replaced"
 
     with forwarding(*database(), rule) as forwarder:
-        links.append(forwarder)
         in_a_thread_through(
             forwarder, reuse, "the new connection's set-up hung", CONN_HEALTH_CHECKS=True, OPTIONS=options
         )
