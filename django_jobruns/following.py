@@ -108,10 +108,47 @@ class Line:
         self.slots = limit
         self.lock = threading.Lock()
         self.shuffled = False
+        #: Runs claimed together as the round began, each for a thread to start as it begins (D7).
+        self.claimed: list[tuple[DueRow, Claimed]] = []
 
     def next(self) -> DueRow | None:
         with self.lock:
             return self.pending.pop(0) if self.pending else None
+
+    def first(self) -> tuple[DueRow | None, Claimed | None]:
+        """A thread's first run: one claimed as the round began, else the next row, to be claimed."""
+        with self.lock:
+            if self.claimed:
+                return self.claimed.pop(0)
+            return (self.pending.pop(0) if self.pending else None), None
+
+    def leading(self, count: int) -> list[tuple[DueRow, Job]]:
+        """Up to ``count`` rows from the front of the line to claim together, their slots reserved.
+
+        Only plain claims (no holder recorded, a job registered here), and only
+        from the front: the line's order is kept.
+        """
+        with self.lock:
+            taken: list[tuple[DueRow, Job]] = []
+            while self.pending and len(taken) < count:
+                row = self.pending[0]
+                job = lookup(row.module, row.job) if row.holder is None else None
+                if job is None or not self._reserve_held():
+                    break
+                taken.append((self.pending.pop(0), job))
+            return taken
+
+    def put_back(self, rows: list[DueRow]) -> None:
+        """Rows taken by :meth:`leading` whose claim was not made: at the front again, their slots free."""
+        with self.lock:
+            self.pending[:0] = rows
+            self.slots += len(rows)
+
+    def unstarted(self) -> list[Claimed]:
+        """The runs claimed together that no thread started (a thread that failed first): to give back."""
+        with self.lock:
+            left, self.claimed = [taken for _, taken in self.claimed], []
+            return left
 
     def reserve(self) -> bool:
         """Take one of the round's slots for a claim about to be made; False once ``limit`` runs are taken."""
@@ -162,7 +199,7 @@ class Driver(Protocol):
 
 def drive_line(drive: Driver, line: Line) -> None:
     """Drive the line's runs one after another; each claimed, when it can be, by the write that ends the last."""
-    row, taken = line.next(), None
+    row, taken = line.first()
     while row is not None:
         go_on, following = drive.handle(row, taken, line)
         if not go_on:

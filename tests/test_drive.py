@@ -228,6 +228,52 @@ def test_d7_concurrency_is_windowed(behaviour):
 
 
 @pytest.mark.django_db(transaction=True)
+def test_d7_a_rounds_first_claims_are_taken_in_one_commit_and_each_started_at_once(behaviour):
+    """With concurrency 3, the first three runs were claimed one commit each, by the threads that ran them.
+
+    One transaction claims them now (each with its own fence), and each claimed run starts at once in
+    its own thread: the three handlers meet at a barrier, and each sees the three runs held.
+    """
+    from django.db.backends.signals import connection_created
+
+    met = threading.Barrier(3, timeout=30)
+    held: list[int] = []
+    claims: list[tuple[str, bool]] = []  # (thread, in a transaction) for each claim statement sent
+    lock = threading.Lock()
+
+    def handler(p):
+        with lock:
+            held.append(JobRun.objects.exclude(lease_holder=None).count())
+        met.wait()  # all three started at once: none waits for another's work
+        return {"done": True}
+
+    def count_claims(execute, sql, params, many, context):
+        lowered = sql.lower()
+        if lowered.lstrip().startswith(("update", "with")) and "lease_holder" in lowered.split("where")[0]:
+            with lock:
+                claims.append((threading.current_thread().name, context["connection"].in_atomic_block))
+        return execute(sql, params, many, context)
+
+    def watch(sender, connection, **kwargs):
+        connection.execute_wrappers.append(count_claims)
+
+    runs = _runs(behaviour, 3, handler)
+    connection_created.connect(watch)
+    try:
+        with connection.execute_wrapper(count_claims):
+            report = run_due_jobs(concurrency=3, limit=3)
+    finally:
+        connection_created.disconnect(watch)
+    assert report.completed == 3, report
+    assert held == [3, 3, 3], "each run started while the others' claims held"
+    first = claims[:3]
+    assert len({thread for thread, _ in first}) == 1, f"the round's claims were made by one thread: {claims}"
+    assert len(first) == 1 or all(atomic for _, atomic in first), f"in one transaction: {claims}"
+    states = JobRun.objects.in_bulk([r.id for r in runs])
+    assert {state.lease_fence for state in states.values()} == {1}, "each run claimed once, with its own fence"
+
+
+@pytest.mark.django_db(transaction=True)
 def test_concurrent_threads_keep_their_connection_for_the_rounds_runs(behaviour):
     """A thread opened a connection for each run it drove: slower with four threads than with one."""
     from django.db.backends.signals import connection_created

@@ -43,6 +43,7 @@ GUARDED = (
     "read_run",
     "ledger",
     "claim",
+    "claim_together",
     "heartbeat",
     "keep_alive",
     "record_step",
@@ -225,6 +226,19 @@ class Store(Retention):
             return None
         self._ride(cur, also)
         return self.read_run(row.id, claim.now)
+
+    def claim_together(self, claims: list[tuple[PlainClaim, Riders]]) -> list[ClaimedRow | None]:
+        """Plain claims of several due runs, each with its own fence, in one transaction: one commit for all.
+
+        Each is :meth:`claim_on`'s claim, with what rides with it (a task's
+        attempt record begun), and each is ``None`` where the run was taken or
+        changed since the due read. A run whose row another transaction holds
+        locked is passed over, not waited for: a transaction that holds the
+        rows it claimed must not wait on another's (two drives claiming the
+        same runs in different orders would deadlock).
+        """
+        with transaction.atomic(using=self.alias), self.cursor() as cur:
+            return [self.claim_on(cur, plain, also, skip_locked=True) for plain, also in claims]
 
     def _together(self, also: Riders | None) -> Any:
         """One transaction for a write and its riders (a lone statement needs none)."""
