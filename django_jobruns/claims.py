@@ -124,33 +124,6 @@ class Claim:
         return cls.taken(plain, claimed, ttl, clock, sent=sent, kept_at=kept_at, undo=undo)
 
     @classmethod
-    def take_together(
-        cls, wanted: list[tuple[DueRow, Job, timedelta]], holder: str, clock: Clock
-    ) -> list[Claimed | None]:
-        """Claim the runs of several due rows, none with a holder recorded, in one transaction (one commit).
-
-        Each claim is :meth:`take`'s, with its own fence (the one read plus
-        one) and its job's lease; each is ``None`` where another holder won the
-        run or it changed since it was read. A takeover is not made so: it
-        charges the silent pass and is taken by its own statement.
-        """
-        now = clock()
-        kept_at, sent, lease_now = time.monotonic(), clock.mark(), clock.lease_now()
-        plains, undos, batch = [], [], []
-        for row, job, ttl in wanted:
-            fence = row.fence + 1
-            also, undo = job.on_claim(row.id, fence, holder, now) if job.on_claim else ([], [])
-            plain = PlainClaim(row, fence, holder, Expiry(lease_now, ttl), now)
-            plains.append(plain)
-            undos.append(undo)
-            batch.append((plain, also))
-        found = store().claim_together(batch)
-        return [
-            None if claimed is None else cls.taken(plain, claimed, ttl, clock, sent=sent, kept_at=kept_at, undo=undo)
-            for plain, claimed, (_, _, ttl), undo in zip(plains, found, wanted, undos, strict=True)
-        ]
-
-    @classmethod
     def taken(
         cls,
         plain: PlainClaim,

@@ -21,8 +21,8 @@ from . import conf, db, keepalive, telemetry
 from .claims import Claim, Claimed
 from .crew import Crew
 from .due import due_rows
-from .exceptions import DatabaseReadOnly, DriveInTransaction, InvalidDriveOptions
-from .following import Following, Line, drive_line, give_back
+from .exceptions import DriveInTransaction, InvalidDriveOptions
+from .following import Following, Line, claim_failed, claim_together, drive_line, give_back
 from .holders import default_holder, holder_name
 from .models import JobRun, Status
 from .options import DriveOptions, StopSignal, drive_clock, lease_length, positive_int
@@ -32,7 +32,7 @@ from .passes import load_ledger, observing, run_pass
 from .registry import Job, lookup
 from .report import Count, DriveReport
 from .schedules import look_at_schedules, until_next_tick
-from .store import errors, notify, watchdog
+from .store import notify, watchdog
 from .store.base import DueRow
 
 __all__ = [
@@ -240,43 +240,13 @@ class _Drive:
             # crew's threads keep their connections for the drive (one per run, or per round, cost
             # more than a no-op task's pass).
             threads = min(options.concurrency, len(rows))
-            self.claim_together(line, threads)
+            claim_together(self, line, threads)
             try:
                 self.crew.run(lambda: self.work_in_thread(line), threads)
             finally:
                 for taken in line.unstarted():
                     give_back(taken.claim, self.release)
         return report.attempted > attempted
-
-    def claim_together(self, line: Line, count: int) -> None:
-        """Claim up to ``count`` runs from the front of the line in one transaction, for the threads to start.
-
-        A claim another holder won is counted as skipped, as a claim of its own
-        would be. If the claims' transaction fails, nothing was claimed: the
-        rows go back to the line, and each thread claims its own.
-        """
-        if self.stopping():
-            return
-        wanted = line.leading(count)
-        if not wanted:
-            return
-        options = self.options
-        leases = [(row, job, options.lease_for(job)) for row, job in wanted]
-        try:
-            # Bounded by half the shortest lease among them, as each claim under its own lease is.
-            with watchdog.bounding(min(ttl for _, _, ttl in leases).total_seconds() / 2):
-                found = Claim.take_together(leases, options.holder, options.clock)
-        except DatabaseError as exc:
-            line.put_back([row for row, _ in wanted])
-            self._claim_failed(exc, "the claims of the round's first runs failed")
-            return
-        for (row, _), taken in zip(wanted, found, strict=True):
-            if taken is None:
-                self.report.add(Count.SKIPPED)
-                line.unreserve()
-                line.contended()
-            else:
-                line.claimed.append((row, taken))
 
     def stopping(self) -> bool:
         """Whether to take no further run or pass: the stop signal is set, or the time budget spent."""
@@ -303,23 +273,9 @@ class _Drive:
         try:
             return Claim.take(row, self.options.holder, self.options.lease_for(job), self.options.clock, job)
         except DatabaseError as exc:
-            self._claim_failed(exc, f"run {row.id}: the claim failed")
+            claim_failed(exc, f"run {row.id}: the claim failed")
             self.report.not_recorded(row.id, f"the claim failed: {summary(exc)}")
             return None
-
-    def _claim_failed(self, exc: DatabaseError, what: str) -> None:
-        """A claim's statement failed and claimed nothing: said, and the connection replaced if it broke."""
-        if errors.refuses_writes(exc):
-            # Every claim would fail alike: one error, not a line per run per look.
-            raise DatabaseReadOnly(
-                f"the database refuses writes ({summary(exc)}): no run can be claimed; the drive stops"
-            ) from None
-        if not isinstance(exc, TRANSIENT):
-            raise exc
-        # A lock wait that timed out, a dropped connection: nothing was
-        # claimed. Say so and go on with the other runs.
-        logger.warning("%s: %s", what, summary(exc))
-        db.replace_if_broken()
 
     def handle(self, row: DueRow, taken: Claimed | None, line: Line) -> tuple[bool, Following | None]:
         """Drive one run (``taken``: claimed already): False once told to take no more; the next if claimed with it."""

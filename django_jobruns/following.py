@@ -1,4 +1,4 @@
-"""The drive's next run, claimed in the transaction of the ending write of the run before it.
+"""How a drive claims its runs: the next with the ending write of the last; a round's first ones together.
 
 A drive works its runs one after another. Each run's pass ends with one fenced
 write (its commit, its failure, its release), and the claim of the next run in
@@ -17,25 +17,37 @@ drive stops is given back, with its attempt record. It passes over a row another
 transaction holds locked rather than hold the write it rides with. On
 PostgreSQL a pass's commit and the claim are one statement (a job run's claim
 has no statements of its own to ride along).
+
+With ``--concurrency N`` a round's first runs, one for each of its threads, are
+claimed in one transaction (:func:`claim_together`: one commit, not N), and each
+thread starts one as it begins; the rest of the round is claimed as above.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any, Protocol
 
-from . import keepalive
+from django.db import DatabaseError
+
+from . import db, keepalive
 from .claims import Claim, Claimed
 from .db import Clock
+from .exceptions import DatabaseReadOnly
 from .options import DriveOptions
+from .outcomes import TRANSIENT, summary
 from .registry import Job, lookup
 from .report import Count, DriveReport
-from .store import store
+from .store import errors, store, watchdog
 from .store.base import ClaimedRow, ClaimRider, DueRow, PlainClaim
 from .store.statements import Expiry
+
+logger = logging.getLogger("django_jobruns")
 
 
 class Following(ClaimRider):
@@ -214,6 +226,89 @@ def drive_line(drive: Driver, line: Line) -> None:
                 drive.report.add(Count.SKIPPED)
                 line.contended()
                 row = line.next()
+
+
+class Starter(Driver, Protocol):
+    """What :func:`claim_together` asks of the drive (``drive._Drive``)."""
+
+    options: DriveOptions
+
+    def stopping(self) -> bool:
+        """Whether to take no further run."""
+        ...
+
+
+def claim_together(drive: Starter, line: Line, count: int) -> None:
+    """Claim up to ``count`` runs from the front of the line in one transaction, for the drive's threads to start.
+
+    Each thread starts one as it begins (D7: every run so claimed is started at
+    once, by its own thread). A claim another holder won is counted as skipped,
+    as a claim of its own would be. If the transaction fails, nothing was
+    claimed: the rows go back to the line, and each thread claims its own.
+    """
+    if drive.stopping():
+        return
+    wanted = line.leading(count)
+    if not wanted:
+        return
+    options = drive.options
+    leases = [(row, job, options.lease_for(job)) for row, job in wanted]
+    try:
+        # Bounded by half the shortest lease among them, as each claim is by half its own.
+        with watchdog.bounding(min(ttl for _, _, ttl in leases).total_seconds() / 2):
+            found = take_together(leases, options.holder, options.clock)
+    except DatabaseError as exc:
+        line.put_back([row for row, _ in wanted])
+        claim_failed(exc, "the claims of the round's first runs failed")
+        return
+    for (row, _), taken in zip(wanted, found, strict=True):
+        if taken is None:
+            drive.report.add(Count.SKIPPED)
+            line.unreserve()
+            line.contended()
+        else:
+            line.claimed.append((row, taken))
+
+
+def take_together(wanted: list[tuple[DueRow, Job, timedelta]], holder: str, clock: Clock) -> list[Claimed | None]:
+    """Claim the runs of several due rows, none with a holder recorded, in one transaction (one commit).
+
+    Each claim is ``Claim.take``'s, with its own fence (the one read plus one)
+    and its job's lease, and what its job writes with a claim (a task's attempt
+    record begun); each is ``None`` where another holder won the run or it
+    changed since it was read. A takeover is not made so: it charges the silent
+    pass, by a statement of its own.
+    """
+    now = clock()
+    kept_at, sent, lease_now = time.monotonic(), clock.mark(), clock.lease_now()
+    plains, undos, batch = [], [], []
+    for row, job, ttl in wanted:
+        fence = row.fence + 1
+        also, undo = job.on_claim(row.id, fence, holder, now) if job.on_claim else ([], [])
+        plain = PlainClaim(row, fence, holder, Expiry(lease_now, ttl), now)
+        plains.append(plain)
+        undos.append(undo)
+        batch.append((plain, also))
+    found = store().claim_together(batch)
+    return [
+        None if claimed is None else Claim.taken(plain, claimed, ttl, clock, sent=sent, kept_at=kept_at, undo=undo)
+        for plain, claimed, (_, _, ttl), undo in zip(plains, found, wanted, undos, strict=True)
+    ]
+
+
+def claim_failed(exc: DatabaseError, what: str) -> None:
+    """A claim's statement failed and claimed nothing: said, and the connection replaced if it broke."""
+    if errors.refuses_writes(exc):
+        # Every claim would fail alike: one error, not a line per run per look.
+        raise DatabaseReadOnly(
+            f"the database refuses writes ({summary(exc)}): no run can be claimed; the drive stops"
+        ) from None
+    if not isinstance(exc, TRANSIENT):
+        raise exc
+    # A lock wait that timed out, a dropped connection: nothing was
+    # claimed. Say so and go on with the other runs.
+    logger.warning("%s: %s", what, summary(exc))
+    db.replace_if_broken()
 
 
 def give_back(claim: Claim, release: Callable[[Claim], None]) -> None:

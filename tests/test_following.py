@@ -192,3 +192,84 @@ def test_a_task_found_stale_under_its_claim_keeps_no_attempt_record_begun_with_i
     result.refresh()
     assert result.return_value == 5 and len(result.worker_ids) == 1
     assert JobAttempt.objects.filter(run_id=result.id).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_tasks_claimed_together_as_a_round_begins_each_have_their_attempt_record(monkeypatch):
+    """With three threads the round's first three tasks are claimed in one transaction, attempt records begun."""
+    from django_jobruns.store.base import Store
+    from tests.support import task_functions as t
+
+    together: list[int] = []
+    real = Store.claim_together
+
+    def counted(self: Store, claims: Any) -> Any:
+        found = real(self, claims)
+        together.append(sum(claimed is not None for claimed in found))
+        return found
+
+    monkeypatch.setattr(Store, "claim_together", counted)
+    results = [t.add.enqueue(i, 1) for i in range(6)]
+    report = run_due_jobs(concurrency=3)
+    assert report.completed == 6 and together == [3], (report, together)
+    for i, result in enumerate(results):
+        result.refresh()
+        assert result.return_value == i + 1 and result.errors == [] and len(result.worker_ids) == 1
+        (attempt,) = JobAttempt.objects.filter(run_id=result.id)
+        assert attempt.number == 1 and attempt.ended_at is not None and attempt.error_class is None
+
+
+@pytest.mark.skipif("connection.vendor == 'sqlite'", reason="a row lock held FOR UPDATE needs row locks")
+@pytest.mark.django_db(transaction=True)
+def test_the_claims_of_a_rounds_first_runs_pass_over_a_row_another_transaction_holds_locked(behaviour):
+    """Waiting on the row would hold the rows already claimed in the transaction: it is passed over, as skipped."""
+    from django.db import connections, transaction
+
+    locked, unlock = threading.Event(), threading.Event()
+
+    def hold_row() -> None:
+        try:
+            with transaction.atomic():
+                list(JobRun.objects.select_for_update().filter(pk=runs[0]))
+                locked.set()
+                unlock.wait(timeout=60)
+        finally:
+            connections.close_all()
+
+    behaviour["a"], behaviour["b"] = (lambda p: {"done": True}), (lambda p: {"done": True})
+    runs = [start_job_run("tests.scripted", instance=name)[0].id for name in ("a", "b")]
+    holder = threading.Thread(target=hold_row)
+    holder.start()
+    assert locked.wait(timeout=30)
+    try:
+        # Unbounded by the lock's wait: a statement waiting on the row would be cut at half the lease.
+        report = run_due_jobs(concurrency=2, lease_ttl=60)
+    finally:
+        unlock.set()
+        holder.join()
+    assert report.completed == 1 and report.skipped == 1 and report.unrecorded == [], report
+    first = JobRun.objects.get(pk=runs[0])
+    assert first.lease_fence == 0 and first.lease_holder is None and first.attempts == 0
+    assert JobRun.objects.get(pk=runs[1]).status == Status.DONE
+    assert run_due_jobs().completed == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_when_the_claims_of_a_rounds_first_runs_fail_each_thread_claims_its_own(behaviour, monkeypatch, caplog):
+    """The transaction that claims them together fails (the connection dropped): nothing claimed, nothing lost."""
+    from django.db import OperationalError
+
+    from django_jobruns.store.base import Store
+
+    def dropped(self: Store, claims: Any) -> Any:
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(Store, "claim_together", dropped)
+    runs = []
+    for name in ("a", "b", "c"):
+        behaviour[name] = lambda p: {"done": True}
+        runs.append(start_job_run("tests.scripted", instance=name)[0].id)
+    report = run_due_jobs(concurrency=3)
+    assert report.completed == 3 and report.skipped == 0 and report.unrecorded == [], report
+    assert "the claims of the round's first runs failed" in caplog.text
+    assert all(r.status == Status.DONE and r.lease_fence == 1 for r in JobRun.objects.filter(pk__in=runs))
