@@ -4,7 +4,7 @@
     python bench/torture.py --db {sqlite,postgres,mysql} --workers W --runs R --kills K [--seed S]
         [--poison P] [--stalls N] [--stops N] [--skewed-workers N]
         [--partitions N] [--holds N] [--delays N] [--terminations N] [--statement-terminations N]
-        [--pgbouncer POOL] [--between-stalls N] [--long-steps N]
+        [--pgbouncer POOL] [--between-stalls N] [--long-steps N] [--concurrency N]
 
 W ``manage.py run_due_jobs`` processes drive R runs of a job with several steps
 per pass and several passes. K SIGKILLs land in all: some sent by this harness
@@ -24,7 +24,9 @@ PgBouncer in transaction mode with its pool saturated; and on MariaDB workers
 stopped between the two statements of a fenced write, the run's row locked.
 And N runs whose step bodies each take two to three leases (``--long-steps``),
 kept alive while they run and checking ``p.stopping``: no two bodies of one
-run may overlap (counted from the bodies' own start and end rows).
+run may overlap (counted from the bodies' own start and end rows). With
+``--concurrency N`` each worker drives with a random number of threads up to N
+(a round's first runs claimed together, one for each thread).
 Every worker is a drive with a budget (``--max-seconds``): how long each took
 is checked against its budget plus one lease. The verdict comes from
 independent evidence -- an event table the job's step bodies write to and
@@ -195,6 +197,9 @@ def parse_args() -> argparse.Namespace:
         help="MariaDB: workers stopped between the two statements of a fenced write, past the lease",
     )
     parser.add_argument("--max-seconds", type=float, default=4.0, help="the longest budget a worker's drive gets")
+    parser.add_argument(
+        "--concurrency", type=int, default=1, help="the most threads a worker drives with (each its own, from 1)"
+    )
     parser.add_argument(
         "--long-steps", type=int, default=0, help="runs whose step bodies take 2-3 leases each (keep-alive)"
     )
@@ -457,6 +462,7 @@ class Harness:
                 "--max-seconds",
                 str(budget),
                 "--json",
+                *self.threads(),
             ],
             env=env,
             cwd=ROOT,
@@ -472,6 +478,12 @@ class Harness:
         if skewed:
             self.skewed.add(proc)
             self.skewed_spawned += 1
+
+    def threads(self) -> list[str]:
+        """A new worker's ``--concurrency``: a random number of threads up to ``--concurrency`` (none given: one)."""
+        if self.args.concurrency <= 1:
+            return []
+        return ["--concurrency", str(self.rng.randint(1, self.args.concurrency))]
 
     def watch(self, slot: dict[str, Any], chunk: bytes) -> float:
         """Called by a worker's forwarder for each chunk going up: how long to hold it (a fault aimed at it)."""
