@@ -136,38 +136,54 @@ def _close() -> None:
     connection.close()
 
 
+class _RowHeld:
+    """Another transaction holding a run's row ``FOR UPDATE``, on a thread of its own, until released."""
+
+    def __init__(self) -> None:
+        self.locked, self.unlock = threading.Event(), threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def hold(self, run_id: str) -> None:
+        """Lock the row; return once it is held."""
+        self.thread = threading.Thread(target=self._hold, args=(run_id,))
+        self.thread.start()
+        assert self.locked.wait(timeout=30)
+
+    def _hold(self, run_id: str) -> None:
+        from django.db import connections, transaction
+
+        try:
+            with transaction.atomic():
+                list(JobRun.objects.select_for_update().filter(pk=run_id))
+                self.locked.set()
+                self.unlock.wait(timeout=60)
+        finally:
+            connections.close_all()
+
+    def release(self) -> None:
+        self.unlock.set()
+        if self.thread is not None:
+            self.thread.join()
+
+
 @pytest.mark.skipif("connection.vendor == 'sqlite'", reason="a row lock held FOR UPDATE needs row locks")
 @pytest.mark.django_db(transaction=True)
 def test_a_next_run_whose_row_another_transaction_holds_locked_does_not_hold_the_last_runs_commit(behaviour):
     """The claim riding with the first run's commit passes over a locked row instead of waiting for it."""
-    from django.db import connections, transaction
-
-    locked, unlock = threading.Event(), threading.Event()
-
-    def hold_row() -> None:
-        try:
-            with transaction.atomic():
-                list(JobRun.objects.select_for_update().filter(pk=runs[1]))
-                locked.set()
-                unlock.wait(timeout=60)
-        finally:
-            connections.close_all()
+    held = _RowHeld()
 
     def first(p):
-        holder.start()
-        assert locked.wait(timeout=30)
+        held.hold(runs[1])
         return {"done": True}
 
     behaviour["a"], behaviour["b"] = first, lambda p: {"done": True}
     runs = [start_job_run("tests.scripted", instance=name)[0].id for name in ("a", "b")]
     before = JobRun.objects.get(pk=runs[1])
-    holder = threading.Thread(target=hold_row)
     try:
         # Unbounded by the lock's wait: a statement waiting on the row would be cut at half the lease.
         report = run_due_jobs(lease_ttl=60)
     finally:
-        unlock.set()
-        holder.join()
+        held.release()
     assert report.completed == 1 and report.skipped == 1 and report.unrecorded == [], report
     assert JobRun.objects.get(pk=runs[0]).status == Status.DONE
     after = JobRun.objects.get(pk=runs[1])
@@ -223,30 +239,15 @@ def test_tasks_claimed_together_as_a_round_begins_each_have_their_attempt_record
 @pytest.mark.django_db(transaction=True)
 def test_the_claims_of_a_rounds_first_runs_pass_over_a_row_another_transaction_holds_locked(behaviour):
     """Waiting on the row would hold the rows already claimed in the transaction: it is passed over, as skipped."""
-    from django.db import connections, transaction
-
-    locked, unlock = threading.Event(), threading.Event()
-
-    def hold_row() -> None:
-        try:
-            with transaction.atomic():
-                list(JobRun.objects.select_for_update().filter(pk=runs[0]))
-                locked.set()
-                unlock.wait(timeout=60)
-        finally:
-            connections.close_all()
-
     behaviour["a"], behaviour["b"] = (lambda p: {"done": True}), (lambda p: {"done": True})
     runs = [start_job_run("tests.scripted", instance=name)[0].id for name in ("a", "b")]
-    holder = threading.Thread(target=hold_row)
-    holder.start()
-    assert locked.wait(timeout=30)
+    held = _RowHeld()
+    held.hold(runs[0])
     try:
         # Unbounded by the lock's wait: a statement waiting on the row would be cut at half the lease.
         report = run_due_jobs(concurrency=2, lease_ttl=60)
     finally:
-        unlock.set()
-        holder.join()
+        held.release()
     assert report.completed == 1 and report.skipped == 1 and report.unrecorded == [], report
     first = JobRun.objects.get(pk=runs[0])
     assert first.lease_fence == 0 and first.lease_holder is None and first.attempts == 0
