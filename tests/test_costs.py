@@ -320,3 +320,22 @@ def test_a_prepared_statement_its_server_session_lost_is_not_charged_and_prepari
         second = run_due_jobs(now=clock)
         assert second.completed == 1, second
         assert raw._jobruns_direct is False and _prepared_engine_statements() == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rounds_first_claims_are_one_transaction_and_on_postgresql_one_statement(behaviour, monkeypatch):
+    """Three runs on three threads: the drive's own connection sends the due read, then the three claims together."""
+    for i in range(3):
+        behaviour[f"together{i}"] = lambda p: {"done": True}
+        start_job_run("tests.scripted", instance=f"together{i}")
+    commits, counting = _counting_commits(monkeypatch)  # this connection's: the threads' passes have their own
+    with CaptureQueriesContext(connection) as ctx, counting:
+        report = run_due_jobs(concurrency=3)
+    assert report.completed == 3
+    sql = statements(ctx)
+    # PostgreSQL: one statement claims the three (with their ledgers), committed on its own. Elsewhere
+    # each claim is its statement(s) in one transaction: SQLite's returns the row; MariaDB's takes the
+    # row's lock first (FOR UPDATE SKIP LOCKED) and reads the claimed row back.
+    expected = {"postgresql": 1 + 1, "sqlite": 1 + 3}.get(connection.vendor, 1 + 3 * 3)
+    assert len(sql) == expected, "\n".join(sql)
+    assert len(commits) == 1, commits

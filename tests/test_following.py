@@ -213,18 +213,19 @@ def test_a_task_found_stale_under_its_claim_keeps_no_attempt_record_begun_with_i
 @pytest.mark.django_db(transaction=True)
 def test_tasks_claimed_together_as_a_round_begins_each_have_their_attempt_record(monkeypatch):
     """With three threads the round's first three tasks are claimed in one transaction, attempt records begun."""
-    from django_jobruns.store.base import Store
+    from django_jobruns.store import store
     from tests.support import task_functions as t
 
     together: list[int] = []
-    real = Store.claim_together
+    vendor = type(store())
+    real = vendor.claim_together
 
-    def counted(self: Store, claims: Any) -> Any:
+    def counted(self: Any, claims: Any) -> Any:
         found = real(self, claims)
         together.append(sum(claimed is not None for claimed in found))
         return found
 
-    monkeypatch.setattr(Store, "claim_together", counted)
+    monkeypatch.setattr(vendor, "claim_together", counted)
     results = [t.add.enqueue(i, 1) for i in range(6)]
     report = run_due_jobs(concurrency=3)
     assert report.completed == 6 and together == [3], (report, together)
@@ -260,12 +261,12 @@ def test_when_the_claims_of_a_rounds_first_runs_fail_each_thread_claims_its_own(
     """The transaction that claims them together fails (the connection dropped): nothing claimed, nothing lost."""
     from django.db import OperationalError
 
-    from django_jobruns.store.base import Store
+    from django_jobruns.store import store
 
-    def dropped(self: Store, claims: Any) -> Any:
+    def dropped(self: Any, claims: Any) -> Any:
         raise OperationalError("server closed the connection unexpectedly")
 
-    monkeypatch.setattr(Store, "claim_together", dropped)
+    monkeypatch.setattr(type(store()), "claim_together", dropped)
     runs = []
     for name in ("a", "b", "c"):
         behaviour[name] = lambda p: {"done": True}

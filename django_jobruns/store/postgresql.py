@@ -138,6 +138,31 @@ class PostgresStore(Store):
         self._ride(cur, also)
         return self._claimed_with_ledger(found, claim.now)
 
+    def claim_together(self, claims: list[tuple[PlainClaim, Riders]]) -> list[ClaimedRow | None]:
+        """The claims in one statement; what rides with each claim that held, in its transaction."""
+        st = self.statements
+        first = claims[0][0]
+        params = [
+            [plain.row.id for plain, _ in claims],
+            [plain.row.fence for plain, _ in claims],
+            [plain.expires.ttl.total_seconds() for plain, _ in claims],
+            *st.now_params(first.expires.now),
+            first.holder,
+            *st.now_params(first.expires.now),
+        ]
+        riders = any(also for _, also in claims)
+        together = transaction.atomic(using=self.alias) if riders else contextlib.nullcontext()
+        with together, self.cursor() as cur:
+            cur.execute(st.claim_together, params)
+            found = {row[0]: row for row in cur.fetchall()}
+            taken: list[ClaimedRow | None] = []
+            for plain, also in claims:
+                row = found.get(plain.row.id)
+                if row is not None:
+                    self._ride(cur, also)
+                taken.append(None if row is None else self._claimed_with_ledger(row, plain.now))
+            return taken
+
     def _claimed_with_ledger(self, found: tuple[Any, ...], now: datetime) -> ClaimedRow:
         """The run's fields as a claim returned them, then its ledger as JSON."""
         steps = found[len(RUN_FIELDS)]

@@ -131,6 +131,24 @@ class Statements:
         skipping = f"{r['id']} = (SELECT {r['id']} FROM {run} WHERE {free} FOR UPDATE SKIP LOCKED)"
         self.lock_if_free = f"SELECT {r['id']} FROM {run} WHERE {free} FOR UPDATE SKIP LOCKED"
         self.claim_with_ledger_skipping = self.claim_with_ledger.replace(f"WHERE {free}", f"WHERE {skipping}", 1)
+        # Several plain claims in one statement (PostgreSQL): each run's id, the fence read with it and
+        # its lease in seconds as arrays; each taken only if its fence is unchanged and its lease free,
+        # a row another transaction holds locked passed over; each run's new fence its own plus one.
+        lapsed = f"{run}.{r['lease_expires_at']}"
+        self.claim_together = (
+            f"WITH wanted AS (SELECT * FROM unnest(%s::varchar[], %s::bigint[], %s::float8[]) "
+            f"AS w(wanted_id, wanted_fence, wanted_secs)), "
+            f"locked AS (SELECT {run}.{r['id']} AS locked_id, wanted.wanted_secs AS locked_secs "
+            f"FROM {run} JOIN wanted ON {run}.{r['id']} = wanted.wanted_id "
+            f"AND {run}.{r['lease_fence']} = wanted.wanted_fence "
+            f"WHERE ({lapsed} IS NULL OR {lapsed} <= {now}) "
+            f"ORDER BY {run}.{r['id']} FOR UPDATE OF {run} SKIP LOCKED), "
+            f"claimed AS (UPDATE {run} SET {r['lease_holder']} = %s, "
+            f"{r['lease_expires_at']} = {expiry.replace('secs => %s', 'secs => locked.locked_secs')}, "
+            f"{r['lease_fence']} = {run}.{r['lease_fence']} + 1 "
+            f"FROM locked WHERE {run}.{r['id']} = locked.locked_id RETURNING {columns}) "
+            f"SELECT claimed.*, {self._ledger_of_claimed} FROM claimed"
+        )
         # A takeover: the lease lapsed with a holder recorded. The charge of the
         # silent pass (``transitions.charged``) is written by the same statement,
         # first: MySQL evaluates SET left to right, with the values already assigned.
