@@ -886,9 +886,14 @@ class Harness:
             # the lease's holder (the pass's process) names the writer instead.
             writer = holder if self.args.pgbouncer else backend if postgres else pid
             if kind == "pass":
-                pass_started[(run_id, writer)] = event_id
+                # A pass can begin before its thread's connection is open (its run was claimed for it
+                # by the drive's own connection, a round's first runs together): its server connection
+                # is then not known yet, and the pass names its process's holder, as its commit will.
+                pass_started[(run_id, writer if writer is not None else ("holder", holder))] = event_id
             elif kind == "committed_by" or (kind == "commit" and postgres):
                 start = pass_started.get((run_id, writer))
+                if start is None and postgres:
+                    start = pass_started.pop((run_id, ("holder", holder)), None)
                 if start is None:
                     overlapping += 1  # a commit no pass of that writer started
                 else:
