@@ -19,8 +19,9 @@ PostgreSQL a pass's commit and the claim are one statement (a job run's claim
 has no statements of its own to ride along).
 
 With ``--concurrency N`` a round's first runs, one for each of its threads, are
-claimed in one transaction (:func:`claim_together`: one commit, not N), and each
-thread starts one as it begins; the rest of the round is claimed as above.
+claimed in one transaction (:func:`claim_together`: one commit, not N; on
+PostgreSQL one statement), and each thread starts one as it begins; the rest of
+the round is claimed as above.
 """
 
 from __future__ import annotations
