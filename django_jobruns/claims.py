@@ -52,6 +52,13 @@ logger = logging.getLogger("django_jobruns")
 _SHORTEST = MIN_LEASE.total_seconds()
 
 
+def claim_riders(job: Job | None, plain: PlainClaim) -> tuple[Riders, Riders]:
+    """What ``job`` writes with the claim ``plain``, in its transaction, and what undoes that (a task's attempt)."""
+    if job is None or job.on_claim is None:
+        return [], []
+    return job.on_claim(plain.row.id, plain.fence, plain.holder, plain.now)
+
+
 @dataclass
 class Claim:
     """A worker's hold on one run, from :meth:`take` to its release or its final write."""
@@ -112,12 +119,11 @@ class Claim:
         (a task's attempt record begun) is written in the claim's transaction.
         """
         now = clock()
-        fence = row.fence + 1
         charge = None if row.holder is None else transitions.charged(outcomes.stopped_reporting(row.holder), now)
-        also, undo = job.on_claim(row.id, fence, holder, now) if job is not None and job.on_claim else ([], [])
         kept_at = time.monotonic()
         sent = clock.mark()
-        plain = PlainClaim(row, fence, holder, Expiry(clock.lease_now(), ttl), now)
+        plain = PlainClaim.of(row, holder, Expiry(clock.lease_now(), ttl), now)
+        also, undo = claim_riders(job, plain)
         claimed = store().claim(*plain, charge=charge, also=also)
         if claimed is None:
             return None

@@ -37,7 +37,7 @@ from typing import Any, Protocol
 from django.db import DatabaseError
 
 from . import db, keepalive
-from .claims import Claim, Claimed
+from .claims import Claim, Claimed, claim_riders
 from .db import Clock
 from .exceptions import DatabaseReadOnly
 from .options import DriveOptions
@@ -71,8 +71,7 @@ class Following(ClaimRider):
         claim = self.arguments()
         if claim is None:
             return
-        on_claim = self.job.on_claim
-        also, self.undo = on_claim(claim.row.id, claim.fence, claim.holder, claim.now) if on_claim else ([], [])
+        also, self.undo = claim_riders(self.job, claim)
         # A row another transaction holds locked is passed over, not waited for: the write this rides
         # with (the last run's commit) must not wait on another run's row.
         self.took(store().claim_on(cur, claim, also, skip_locked=True))
@@ -85,7 +84,7 @@ class Following(ClaimRider):
         now = clock()
         self.kept_at, self.sent = time.monotonic(), clock.mark()
         self.sent_claim = True
-        self.plain = PlainClaim(self.row, self.row.fence + 1, self.holder, Expiry(clock.lease_now(), self.ttl), now)
+        self.plain = PlainClaim.of(self.row, self.holder, Expiry(clock.lease_now(), self.ttl), now)
         return self.plain
 
     def took(self, claimed: ClaimedRow | None) -> None:
@@ -138,18 +137,25 @@ class Line:
     def leading(self, count: int) -> list[tuple[DueRow, Job]]:
         """Up to ``count`` rows from the front of the line to claim together, their slots reserved.
 
-        Only plain claims (no holder recorded, a job registered here), and only
-        from the front: the line's order is kept.
+        Only plain claims, and only from the front: the line's order is kept.
         """
         with self.lock:
             taken: list[tuple[DueRow, Job]] = []
-            while self.pending and len(taken) < count:
-                row = self.pending[0]
-                job = lookup(row.module, row.job) if row.holder is None else None
-                if job is None or not self._reserve_held():
-                    break
-                taken.append((self.pending.pop(0), job))
+            while len(taken) < count and (front := self._plain_front()) is not None:
+                taken.append(front)
             return taken
+
+    def _plain_front(self) -> tuple[DueRow, Job] | None:
+        """The row at the front, taken with its slot reserved, if a plain claim can take it (lock held).
+
+        A plain claim: a row with no holder recorded (a takeover charges, by a
+        statement of its own), whose job is registered here.
+        """
+        row = self.pending[0] if self.pending else None
+        job = lookup(row.module, row.job) if row is not None and row.holder is None else None
+        if row is None or job is None or not self._reserve_held():
+            return None
+        return self.pending.pop(0), job
 
     def put_back(self, rows: list[DueRow]) -> None:
         """Rows taken by :meth:`leading` whose claim was not made: at the front again, their slots free."""
@@ -189,14 +195,13 @@ class Line:
     def following(self, options: DriveOptions, skip: Callable[[], bool]) -> Following | None:
         """The next run, its slot reserved, to be claimed by the ending write of the run claimed now.
 
-        Only a plain claim rides: a row with no holder recorded, whose job is registered here.
+        Only a plain claim rides.
         """
         with self.lock:
-            row = self.pending[0] if self.pending else None
-            job = lookup(row.module, row.job) if row is not None and row.holder is None else None
-            if row is None or job is None or not self._reserve_held():
-                return None
-            self.pending.pop(0)
+            front = self._plain_front()
+        if front is None:
+            return None
+        row, job = front
         return Following(row, job, options.holder, options.lease_for(job), options.clock, skip)
 
 
@@ -284,9 +289,8 @@ def take_together(wanted: list[tuple[DueRow, Job, timedelta]], holder: str, cloc
     kept_at, sent, lease_now = time.monotonic(), clock.mark(), clock.lease_now()
     plains, undos, batch = [], [], []
     for row, job, ttl in wanted:
-        fence = row.fence + 1
-        also, undo = job.on_claim(row.id, fence, holder, now) if job.on_claim else ([], [])
-        plain = PlainClaim(row, fence, holder, Expiry(lease_now, ttl), now)
+        plain = PlainClaim.of(row, holder, Expiry(lease_now, ttl), now)
+        also, undo = claim_riders(job, plain)
         plains.append(plain)
         undos.append(undo)
         batch.append((plain, also))

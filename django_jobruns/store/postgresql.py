@@ -142,13 +142,14 @@ class PostgresStore(Store):
         """The claims in one statement; what rides with each claim that held, in its transaction."""
         st = self.statements
         first = claims[0][0]
+        at = st.now_params(first.expires.now)  # the lease's "now": the claims' one (``lease_now``)
         params = [
             [plain.row.id for plain, _ in claims],
             [plain.row.fence for plain, _ in claims],
             [plain.expires.ttl.total_seconds() for plain, _ in claims],
-            *st.now_params(first.expires.now),
+            *at,
             first.holder,
-            *st.now_params(first.expires.now),
+            *at,
         ]
         riders = any(also for _, also in claims)
         together = transaction.atomic(using=self.alias) if riders else contextlib.nullcontext()

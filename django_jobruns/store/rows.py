@@ -58,6 +58,11 @@ class PlainClaim(NamedTuple):
     #: Judges the claimed run's backoff (the re-read's ``due``).
     now: datetime
 
+    @classmethod
+    def of(cls, row: DueRow, holder: str, expires: Expiry, now: datetime) -> PlainClaim:
+        """The claim of ``row``: its new fence is the one read with it plus one (D2)."""
+        return cls(row, row.fence + 1, holder, expires, now)
+
 
 class ClaimRider:
     """A claim that rides with another write (the drive's next run): called with its cursor.
