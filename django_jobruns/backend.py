@@ -379,13 +379,16 @@ class _Attempt:
         if exc is not None:
             error = f"{type(exc).__module__}.{type(exc).__qualname__}"
             traceback_text = "".join(traceback.format_exception(exc))
+        from .store.rows import Rider  # the models' module: not imported with the backend (jobruns.E010)
+
         q, wrapper = _quoted()
         now = wrapper.ops.adapt_datetimefield_value(db.now())
-        self.claim.ride(
+        end = (
             f"UPDATE {q(_attempt_table())} SET {q('ended_at')} = %s, {q('error_class')} = %s, "
-            f"{q('traceback')} = %s WHERE {q('run_id')} = %s AND {q('number')} = %s AND {q('ended_at')} IS NULL",
-            [now, error, traceback_text, self.run_id, self.number],
+            f"{q('traceback')} = %s WHERE {q('run_id')} = %s AND {q('number')} = %s AND {q('ended_at')} IS NULL"
         )
+        params = [now, error, traceback_text, self.run_id, self.number]
+        self.claim.ride(Rider(end, params, joined=(f"{end} AND EXISTS (SELECT 1 FROM {{run}})", params)))
         if finished is not None:
             self.claim.after_written.append(finished)
 
@@ -413,16 +416,23 @@ def begin_attempt(run_id: str, fence: int, holder: str, now: datetime) -> tuple[
     as the pass's ``attempt`` is.
     """
     from .models import JobRun
+    from .store.rows import Rider
 
     q, wrapper = _quoted()
     at = wrapper.ops.adapt_datetimefield_value(now)
     table, runs = q(_attempt_table()), q(JobRun._meta.db_table)
-    begin = (
+    insert = (
         f"INSERT INTO {table} ({q('run_id')}, {q('number')}, {q('holder')}, {q('started_at')}) "
-        f"SELECT {q('id')}, {q('attempts')} + 1, %s, %s FROM {runs} WHERE {q('id')} = %s AND {q('lease_fence')} = %s"
+        f"SELECT {q('id')}, {q('attempts')} + 1, %s, %s FROM "
+    )
+    begin = Rider(
+        f"{insert}{runs} WHERE {q('id')} = %s AND {q('lease_fence')} = %s",
+        [holder, at, run_id, fence],
+        joined=(f"{insert}{{run}}", [holder, at]),
     )
     undo = (
         f"DELETE FROM {table} WHERE {q('run_id')} = %s AND {q('holder')} = %s AND {q('started_at')} = %s "
         f"AND {q('ended_at')} IS NULL"
     )
-    return [(begin, [holder, at, run_id, fence])], [(undo, [run_id, holder, at])]
+    params = [run_id, holder, at]
+    return [begin], [Rider(undo, params, joined=(f"{undo} AND EXISTS (SELECT 1 FROM {{run}})", params))]

@@ -42,7 +42,7 @@ from .models import JobRun
 from .outcomes import LOST, TRANSIENT, Outcome, PassOutcome
 from .registry import Job
 from .store import store
-from .store.base import ClaimedRow, Committed, DueRow, PlainClaim, Riders, StepWrite
+from .store.base import ClaimedRow, Committed, DueRow, PlainClaim, Rider, Riders, StepWrite
 from .store.deadlocks import retry_deadlocks
 from .store.statements import Expiry
 
@@ -99,9 +99,9 @@ class Claim:
     taken_at: datetime | None = None
     #: Statements written with the claim's next ending write (its commit, failure, step over,
     #: abandon), in its transaction, only if the fence held: a task's attempt record ended.
-    riders: list[tuple[str, list[Any]]] = field(default_factory=list)
+    riders: list[Rider] = field(default_factory=list)
     #: Statements that undo what rode with the claim itself, written if the claim is abandoned.
-    undo: list[tuple[str, list[Any]]] = field(default_factory=list)
+    undo: Riders = field(default_factory=list)
     #: Called once the ending write held (committed): a task's ``task_finished`` signal.
     after_written: list[Callable[[], None]] = field(default_factory=list)
     #: The claim of the drive's next run (``following.Following``), written with this claim's ending write.
@@ -152,9 +152,9 @@ class Claim:
         keepalive.keep(claim)
         return Claimed(claim, claimed)
 
-    def ride(self, text: str, params: list[Any]) -> None:
+    def ride(self, rider: Rider) -> None:
         """Write this statement with the claim's ending write, in its transaction, if the fence holds."""
-        self.riders.append((text, params))
+        self.riders.append(rider)
 
     def _ending_riders(self) -> list[Any]:
         """The riders of the claim's ending write: its own, then the claim of the drive's next run."""

@@ -45,7 +45,7 @@ from .outcomes import TRANSIENT, summary
 from .registry import Job, lookup
 from .report import Count, DriveReport
 from .store import errors, store, watchdog
-from .store.base import ClaimedRow, ClaimRider, DueRow, PlainClaim
+from .store.base import ClaimedRow, ClaimRider, DueRow, PlainClaim, Riders
 from .store.statements import Expiry
 
 logger = logging.getLogger("django_jobruns")
@@ -56,7 +56,6 @@ class Following(ClaimRider):
 
     def __init__(self, row: DueRow, job: Job, holder: str, ttl: Any, clock: Clock, skip: Callable[[], bool]) -> None:
         self.row, self.job, self.holder, self.ttl, self.clock, self.skip = row, job, holder, ttl, clock, skip
-        self.has_riders = job.on_claim is not None
         self.undo: list[Any] = []
         #: Whether the claim's statement was sent (the drive was not stopping as the write was made).
         self.sent_claim = False
@@ -71,7 +70,7 @@ class Following(ClaimRider):
         claim = self.arguments()
         if claim is None:
             return
-        also, self.undo = claim_riders(self.job, claim)
+        also = self.riding(claim)
         # A row another transaction holds locked is passed over, not waited for: the write this rides
         # with (the last run's commit) must not wait on another run's row.
         self.took(store().claim_on(cur, claim, also, skip_locked=True))
@@ -86,6 +85,10 @@ class Following(ClaimRider):
         self.sent_claim = True
         self.plain = PlainClaim.of(self.row, self.holder, Expiry(clock.lease_now(), self.ttl), now)
         return self.plain
+
+    def riding(self, claim: PlainClaim) -> Riders:
+        also, self.undo = claim_riders(self.job, claim)
+        return also
 
     def took(self, claimed: ClaimedRow | None) -> None:
         self.claimed = claimed

@@ -14,10 +14,11 @@ from .retry import RetryPolicy
 
 if TYPE_CHECKING:
     from .passes import Pass
+    from .store.rows import Rider
 
 Handler = Callable[["Pass"], Mapping[str, Any] | None]
-#: Statements as (text, parameters).
-Statements = list[tuple[str, list[Any]]]
+#: Statements written with a claim, each a :class:`~django_jobruns.store.rows.Rider`.
+Statements = list["Rider"]
 ClaimHook = Callable[[str, int, str, datetime], tuple[Statements, Statements]]
 
 _lock = threading.Lock()

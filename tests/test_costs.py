@@ -183,6 +183,34 @@ def test_a_task_costs_at_most_two_commits(monkeypatch):
     assert attempt.ended_at is not None and attempt.number == 1 and attempt.error_class is None
 
 
+@pytest.mark.django_db(transaction=True)
+def test_on_postgresql_each_task_of_a_drive_is_one_statement_with_its_attempt_records(monkeypatch):
+    """Three tasks in one drive: the due read, the first claim, then per task ONE statement.
+
+    That statement commits the task, ends its attempt record, claims the next task and begins its
+    record: each a write only while its fence holds, and no transaction of several round trips.
+    Elsewhere each is its statements in one transaction, as many commits as on PostgreSQL.
+    """
+    from django_jobruns.models import JobAttempt
+    from tests.support import task_functions as t
+
+    results = [t.add.enqueue(i, 1) for i in range(3)]
+    commits, counting = _counting_commits(monkeypatch)
+    with CaptureQueriesContext(connection) as ctx, counting:
+        report = run_due_jobs()
+    assert report.completed == 3
+    sql = statements(ctx)
+    if connection.vendor == "postgresql":
+        assert len(sql) == 1 + 1 + 3, "\n".join(sql)
+        assert not [q for q in ctx.captured_queries if q["sql"].upper().startswith("BEGIN")], "a transaction"
+    assert len(commits) <= 1 + 3, commits  # the first claim, then one per task
+    for i, result in enumerate(results):
+        result.refresh()
+        assert result.return_value == i + 1 and result.errors == [] and len(result.worker_ids) == 1
+        (attempt,) = JobAttempt.objects.filter(run_id=result.id)
+        assert attempt.number == 1 and attempt.ended_at is not None and attempt.error_class is None
+
+
 def test_on_postgresql_a_runs_claim_is_in_the_statement_that_commits_the_run_before_it(behaviour, clock):
     """Three runs of one step in one drive: the due read, the first claim, then per run its step and its commit."""
     for i in range(3):

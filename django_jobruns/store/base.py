@@ -21,7 +21,7 @@ from ..models import JobRun
 from . import errors, watchdog
 from .deadlocks import retry_deadlocks
 from .retention import Retention
-from .rows import ClaimedRow, ClaimRider, Committed, DueRow, Ledger, PlainClaim, Riders, StepWrite
+from .rows import ClaimedRow, ClaimRider, Committed, DueRow, Ledger, PlainClaim, Rider, Riders, StepWrite
 from .statements import RUN_FIELDS, ClockSQL, Expiry, Statements
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "DueRow",
     "Ledger",
     "PlainClaim",
+    "Rider",
     "Riders",
     "StepWrite",
     "Store",
@@ -182,7 +183,7 @@ class Store(Retention):
         the old holder committed while the claim waited for the row.
         """
         if charge is None:
-            with self._together(also), self.cursor() as cur:
+            with self._together(None if self._joined(also) else also), self.cursor() as cur:
                 return self.claim_on(cur, PlainClaim(row, fence, holder, expires, now), also)
         st = self.statements
         params = self._claim_params(row, fence, holder, expires, charge)
@@ -244,13 +245,17 @@ class Store(Retention):
         """One transaction for a write and its riders (a lone statement needs none)."""
         return transaction.atomic(using=self.alias) if also else contextlib.nullcontext()
 
+    def _joined(self, also: Riders | None) -> bool:
+        """Whether ``also`` is written within the write's own statement (``Rider.joined``): not here."""
+        return False
+
     @staticmethod
     def _ride(cur: Any, also: Riders | None) -> None:
         for rider in also or ():
-            if callable(rider):
-                rider(cur)  # the drive's next claim (claims.Following)
+            if isinstance(rider, Rider):
+                cur.execute(rider.text, rider.params)
             else:
-                cur.execute(*rider)
+                rider(cur)  # the drive's next claim (following.Following)
 
     def _claim_params(
         self, row: DueRow, fence: int, holder: str, expires: Expiry, charge: dict[str, Any] | None

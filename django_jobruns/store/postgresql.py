@@ -9,7 +9,8 @@ from typing import Any
 
 from django.db import transaction
 
-from .base import ClaimedRow, ClaimRider, Committed, PlainClaim, Riders, StepWrite, Store
+from .base import ClaimedRow, ClaimRider, Committed, PlainClaim, Rider, Riders, StepWrite, Store
+from .rows import joinable
 from .statements import RUN_FIELDS, PostgresClockSQL
 
 #: psycopg's own default: a statement is prepared on a connection once it has run this many times there.
@@ -129,13 +130,14 @@ class PostgresStore(Store):
     def claim_on(
         self, cur: Any, claim: PlainClaim, also: Riders | None = None, *, skip_locked: bool = False
     ) -> ClaimedRow | None:
-        st = self.statements
-        text = st.claim_with_ledger_skipping if skip_locked else st.claim_with_ledger
-        cur.execute(text, self._claim_params(claim.row, claim.fence, claim.holder, claim.expires, None))
+        joined, (texts, extra) = self._joined(also), self._joins(also)
+        params = self._claim_params(claim.row, claim.fence, claim.holder, claim.expires, None)
+        cur.execute(self.statements.claim_riding(skip_locked=skip_locked, riders=texts), [*params, *extra])
         found = cur.fetchone()
         if found is None:
             return None
-        self._ride(cur, also)
+        if not joined:
+            self._ride(cur, also)
         return self._claimed_with_ledger(found, claim.now)
 
     def claim_together(self, claims: list[tuple[PlainClaim, Riders]]) -> list[ClaimedRow | None]:
@@ -194,12 +196,31 @@ class PostgresStore(Store):
         read_back: bool = False,
         also: Riders | None = None,
     ) -> Committed | None:
+        """The commit in one statement, with what rides on it where each can be written within it.
+
+        What rides on a pass's commit: a task's attempt record ended, and the
+        claim of the drive's next run with what its job writes with a claim.
+        """
         st = self.statements
-        if also and len(also) == 1 and isinstance(also[0], ClaimRider) and not also[0].has_riders:
-            rider, also = also[0], None
-            claim = rider.arguments()
+        ending = [rider for rider in also or () if isinstance(rider, Rider)]
+        following = [rider for rider in also or () if isinstance(rider, ClaimRider)]
+        if joinable(ending) and len(following) <= 1:
+            claim = following[0].arguments() if following else None
             if claim is not None:
-                return self._commit_and_claim(run_id, fence, fields, drop_ledger, rider, claim)
+                beginning = following[0].riding(claim)
+                if joinable(beginning):
+                    return self._commit_and_claim(
+                        run_id, fence, fields, drop_ledger, (ending, following[0], claim, beginning)
+                    )
+            else:
+                texts, extra = self._joins(ending)
+                with self._savepoint_if_nested(), self.cursor() as cur:
+                    cur.execute(
+                        st.commit_fenced(fields, drop_ledger=drop_ledger, riders=texts),
+                        [*st.parameters(fields), run_id, fence, *extra],
+                    )
+                    row = cur.fetchone()
+                return None if row is None else Committed(row[0])
         with self._together(also), self.cursor() as cur:
             cur.execute(st.commit_fenced(fields, drop_ledger=drop_ledger), [*st.parameters(fields), run_id, fence])
             row = cur.fetchone()
@@ -208,15 +229,25 @@ class PostgresStore(Store):
         return None if row is None else Committed(row[0])
 
     def _commit_and_claim(
-        self, run_id: str, fence: int, fields: dict[str, Any], drop_ledger: bool, rider: ClaimRider, claim: PlainClaim
+        self,
+        run_id: str,
+        fence: int,
+        fields: dict[str, Any],
+        drop_ledger: bool,
+        riding: tuple[Riders, ClaimRider, PlainClaim, Riders],
     ) -> Committed | None:
-        """The pass's commit and the claim of the drive's next run in one statement (one round trip, one commit)."""
+        """The pass's commit and the claim of the drive's next run in one statement (one round trip, one commit).
+
+        ``riding``: what rides on the commit, the claim's rider, its claim, and what rides on the claim.
+        """
         st = self.statements
+        ending, rider, claim, beginning = riding
+        (ends, end_params), (begins, begin_params) = self._joins(ending), self._joins(beginning)
         took = self._claim_params(claim.row, claim.fence, claim.holder, claim.expires, None)
         with self._savepoint_if_nested(), self.cursor() as cur:
             cur.execute(
-                st.commit_fenced_and_claim(fields, drop_ledger=drop_ledger),
-                [*st.parameters(fields), run_id, fence, *took],
+                st.commit_fenced_and_claim(fields, drop_ledger=drop_ledger, ending=ends, beginning=begins),
+                [*st.parameters(fields), run_id, fence, *end_params, *took, *begin_params],
             )
             found = cur.fetchone()
         if found is None:
@@ -224,6 +255,18 @@ class PostgresStore(Store):
         if found[1] is not None:
             rider.took(self._claimed_with_ledger(found[1:], claim.now))
         return Committed(found[0])
+
+    def write_fenced(self, run_id: str, fence: int, fields: dict[str, Any], also: Riders | None = None) -> bool:
+        st = self.statements
+        joined = self._joined(also)
+        texts, extra = self._joins(also)
+        text = st.fenced_riding(fields, texts) if joined else st.update_fenced(fields)
+        with self._together(None if joined else also), self.cursor() as cur:
+            cur.execute(text, [*st.parameters(fields), run_id, fence, *extra])
+            held = bool(cur.rowcount == 1)
+            if held and not joined:
+                self._ride(cur, also)
+            return held
 
     def prune_batch(self, statuses: list[str], cutoff: datetime, size: int) -> tuple[int, int]:
         """The batch in ONE statement (data-modifying CTEs): the ids never travel to Python and back."""
@@ -245,6 +288,17 @@ class PostgresStore(Store):
     def _together(self, also: Riders | None) -> Any:
         """A write and its riders in one transaction; a lone statement in the caller's gets a savepoint."""
         return transaction.atomic(using=self.alias) if also else self._savepoint_if_nested()
+
+    def _joined(self, also: Riders | None) -> bool:
+        return bool(also) and joinable(also or [])
+
+    @staticmethod
+    def _joins(also: Riders | None) -> tuple[tuple[str, ...], list[Any]]:
+        """The texts of riders written within a fenced write's statement, and their parameters in order."""
+        if not also or not joinable(also):
+            return (), []
+        joined = [rider.joined for rider in also]
+        return tuple(text for text, _ in joined), [value for _, params in joined for value in params]
 
     def _savepoint_if_nested(self) -> Any:
         """A savepoint around a one-statement write made inside the caller's transaction.

@@ -11,10 +11,31 @@ from .statements import Expiry
 
 #: The step ledger of a pass: (step, result, attempts, last_error) per recorded step.
 Ledger = list[tuple[str, "str | None", int, "str | None"]]
-#: Statements (text, parameters) that ride along with a fenced write: run in its transaction, only if
-#: the fence held (a task's attempt record begun with the claim, ended with the pass's commit); or a
-#: callable given the transaction's cursor (the claim of the drive's next run).
+#: What rides along with a fenced write, only if the fence held: each a :class:`Rider` (a task's
+#: attempt record begun with the claim, ended with the pass's commit) or a :class:`ClaimRider` (the
+#: claim of the drive's next run).
 Riders = list[Any]
+
+
+class Rider(NamedTuple):
+    """A statement written with a fenced write, in its transaction, only if the fence held.
+
+    ``joined``, where given, is the same write as a part of the fenced write's
+    own statement (PostgreSQL's data-modifying ``WITH``): its text reads the
+    run as the fenced write left it (its ``id`` and ``attempts``) from
+    ``{run}``, which finds no row if the fence did not hold. A database that can
+    sends the two as one statement: one round trip and no transaction around it.
+    """
+
+    text: str
+    params: list[Any]
+    #: (text, parameters) of the write within the fenced write's statement.
+    joined: tuple[str, list[Any]] | None = None
+
+
+def joinable(riders: Riders) -> bool:
+    """Whether each of ``riders`` can be written within the fenced write's own statement (so can none)."""
+    return all(isinstance(rider, Rider) and rider.joined is not None for rider in riders)
 
 
 class DueRow(NamedTuple):
@@ -68,17 +89,19 @@ class ClaimRider:
     """A claim that rides with another write (the drive's next run): called with its cursor.
 
     A database that can write both in one statement (PostgreSQL's pass
-    commit) asks :meth:`arguments` instead, and tells :meth:`took` what it claimed.
+    commit) asks :meth:`arguments` and :meth:`riding` instead, and tells
+    :meth:`took` what it claimed.
     """
-
-    #: Statements of its own to write once it holds (a task's attempt record): it is then called.
-    has_riders: bool
 
     def __call__(self, cur: Any) -> None:
         raise NotImplementedError
 
     def arguments(self) -> PlainClaim | None:
         """The claim, as it is sent; ``None``: not to be made."""
+        raise NotImplementedError
+
+    def riding(self, claim: PlainClaim) -> Riders:
+        """What its job writes with the claim ``claim``, if it holds (a task's attempt record begun)."""
         raise NotImplementedError
 
     def took(self, claimed: ClaimedRow | None) -> None:

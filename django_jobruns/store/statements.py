@@ -110,6 +110,7 @@ class Statements:
         # -- the claim: holder, expiry and the next fence, if the fence read with
         # the due row is still the run's and its lease is free.
         take = f"{r['lease_holder']} = %s, {r['lease_expires_at']} = {expiry}, {r['lease_fence']} = %s"
+        self._take = take
         free = (
             f"{r['id']} = %s AND {r['lease_fence']} = %s "
             f"AND ({r['lease_expires_at']} IS NULL OR {r['lease_expires_at']} <= {now})"
@@ -121,16 +122,13 @@ class Statements:
             f"(SELECT json_agg(json_build_array({s['step']}, {s['result']}, {s['attempts']}, {s['last_error']})) "
             f"FROM {step} WHERE {step}.{s['run']} = claimed.{r['id']})"
         )
-        self.claim_with_ledger = (
-            f"WITH claimed AS (UPDATE {run} SET {take} WHERE {free} RETURNING {columns}) "
-            f"SELECT claimed.*, {self._ledger_of_claimed} FROM claimed"
-        )
         self._free = free
         # The claim of a drive's next run, riding on another write (PostgreSQL; elsewhere the lock is
         # taken by a read first): a row another transaction holds locked is not waited for.
-        skipping = f"{r['id']} = (SELECT {r['id']} FROM {run} WHERE {free} FOR UPDATE SKIP LOCKED)"
+        self._skipping = f"{r['id']} = (SELECT {r['id']} FROM {run} WHERE {free} FOR UPDATE SKIP LOCKED)"
         self.lock_if_free = f"SELECT {r['id']} FROM {run} WHERE {free} FOR UPDATE SKIP LOCKED"
-        self.claim_with_ledger_skipping = self.claim_with_ledger.replace(f"WHERE {free}", f"WHERE {skipping}", 1)
+        self.claim_with_ledger = self.claim_riding(skip_locked=False)
+        self.claim_with_ledger_skipping = self.claim_riding(skip_locked=True)
         # Several plain claims in one statement (PostgreSQL): each run's id, the fence read with it and
         # its lease in seconds as arrays; each taken only if its fence is unchanged and its lease free,
         # a row another transaction holds locked passed over; each run's new fence its own plus one.
@@ -152,7 +150,6 @@ class Statements:
         # A takeover: the lease lapsed with a holder recorded. The charge of the
         # silent pass (``transitions.charged``) is written by the same statement,
         # first: MySQL evaluates SET left to right, with the values already assigned.
-        self._take = take
         self._lapsed = (
             f"{r['id']} = %s AND {r['lease_fence']} = %s "
             f"AND {r['lease_holder']} IS NOT NULL AND {r['lease_expires_at']} <= {now}"
@@ -230,11 +227,46 @@ class Statements:
             ),
         )
 
-    def commit_fenced(self, fields: dict[str, Any], *, drop_ledger: bool) -> str:
+    # -- PostgreSQL's one-statement writes; ``riders`` are the texts of what rides with each
+    # (``Rider.joined``), written as further CTEs that read the run as written from ``{run}``.
+
+    def claim_riding(self, *, skip_locked: bool, riders: tuple[str, ...] = ()) -> str:
+        """A plain claim returning the run and its ledger, with what rides on it (a task's attempt record begun)."""
+
+        def build() -> str:
+            where = self._skipping if skip_locked else self._free
+            return (
+                f"WITH claimed AS (UPDATE {self.run_table} SET {self._take} WHERE {where} RETURNING {self.columns})"
+                f"{self._rides(riders, 'claimed')} SELECT claimed.*, {self._ledger_of_claimed} FROM claimed"
+            )
+
+        return self._cached(("claim", skip_locked, riders), build)
+
+    def fenced_riding(self, fields: dict[str, Any], riders: tuple[str, ...]) -> str:
+        """A fenced write of ``fields`` (a failed pass, a release) with what rides on it; a row if the fence held."""
+        return self._cached(
+            ("fenced riding", tuple(fields), riders),
+            lambda: (
+                f"WITH fenced AS (UPDATE {self.run_table} SET {self.assignments(fields)} WHERE {self._fenced} "
+                f"RETURNING {self.run_columns['id']}){self._rides(riders, 'fenced')} SELECT 1 FROM fenced"
+            ),
+        )
+
+    def commit_fenced(self, fields: dict[str, Any], *, drop_ledger: bool, riders: tuple[str, ...] = ()) -> str:
         """PostgreSQL's pass commit in one statement: the fenced UPDATE, the ledger dropped, the pause returned."""
         return self._cached(
-            ("commit", tuple(fields), drop_ledger),
-            lambda: f"{self._commit_ctes(fields, drop_ledger)} SELECT {self.run_columns['paused_at']} FROM fenced",
+            ("commit", tuple(fields), drop_ledger, riders),
+            lambda: (
+                f"{self._commit_ctes(fields, drop_ledger)}{self._rides(riders, 'fenced')} "
+                f"SELECT {self.run_columns['paused_at']} FROM fenced"
+            ),
+        )
+
+    @staticmethod
+    def _rides(riders: tuple[str, ...], written: str, first: int = 0) -> str:
+        """Each rider as a CTE reading the run as written from the CTE ``written``."""
+        return "".join(
+            f", ride{first + index} AS ({text.replace('{run}', written)})" for index, text in enumerate(riders)
         )
 
     def _commit_ctes(self, fields: dict[str, Any], drop_ledger: bool) -> str:
@@ -244,27 +276,37 @@ class Statements:
             f"RETURNING {r['id']}, {r['paused_at']})" + (f", dropped AS ({self._drop_fenced})" if drop_ledger else "")
         )
 
-    def commit_fenced_and_claim(self, fields: dict[str, Any], *, drop_ledger: bool) -> str:
+    def commit_fenced_and_claim(
+        self,
+        fields: dict[str, Any],
+        *,
+        drop_ledger: bool,
+        ending: tuple[str, ...] = (),
+        beginning: tuple[str, ...] = (),
+    ) -> str:
         """PostgreSQL's pass commit and the claim of the drive's next run, in one statement.
 
         The claim is made only if the commit's fence held, and passes over a
-        row another transaction holds locked. One row: the pause as the commit
-        left it, then the claimed run's fields and ledger (NULLs if not claimed).
+        row another transaction holds locked. ``ending`` rides on the commit (a
+        task's attempt record ended), ``beginning`` on the claim (the next
+        task's begun). One row: the pause as the commit left it, then the
+        claimed run's fields and ledger (NULLs if not claimed).
         """
         r = self.run_columns
         run = self.run_table
 
         def build() -> str:
-            commit = self._commit_ctes(fields, drop_ledger)
+            commit = self._commit_ctes(fields, drop_ledger) + self._rides(ending, "fenced")
             chosen = f"SELECT {r['id']} FROM {run} WHERE {self._free} AND EXISTS (SELECT 1 FROM fenced)"
             return (
                 f"{commit}, claimed AS (UPDATE {run} SET {self._take} WHERE {r['id']} = "
-                f"({chosen} FOR UPDATE SKIP LOCKED) RETURNING {self.columns}) "
+                f"({chosen} FOR UPDATE SKIP LOCKED) RETURNING {self.columns})"
+                f"{self._rides(beginning, 'claimed', len(ending))} "
                 f"SELECT fenced.{r['paused_at']}, claimed.*, {self._ledger_of_claimed} "
                 "FROM fenced LEFT JOIN claimed ON TRUE"
             )
 
-        return self._cached(("commit and claim", tuple(fields), drop_ledger), build)
+        return self._cached(("commit and claim", tuple(fields), drop_ledger, ending, beginning), build)
 
     def assignments(self, fields: dict[str, Any]) -> str:
         """``"col" = %s, …`` for these fields; an increment (``F(name) + 1``) is written as SQL, not a parameter."""
