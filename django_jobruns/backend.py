@@ -387,8 +387,7 @@ class _Attempt:
             f"UPDATE {q(_attempt_table())} SET {q('ended_at')} = %s, {q('error_class')} = %s, "
             f"{q('traceback')} = %s WHERE {q('run_id')} = %s AND {q('number')} = %s AND {q('ended_at')} IS NULL"
         )
-        params = [now, error, traceback_text, self.run_id, self.number]
-        self.claim.ride(Rider(end, params, joined=(f"{end} AND EXISTS (SELECT 1 FROM {{run}})", params)))
+        self.claim.ride(Rider.if_held(end, [now, error, traceback_text, self.run_id, self.number]))
         if finished is not None:
             self.claim.after_written.append(finished)
 
@@ -434,5 +433,4 @@ def begin_attempt(run_id: str, fence: int, holder: str, now: datetime) -> tuple[
         f"DELETE FROM {table} WHERE {q('run_id')} = %s AND {q('holder')} = %s AND {q('started_at')} = %s "
         f"AND {q('ended_at')} IS NULL"
     )
-    params = [run_id, holder, at]
-    return [begin], [Rider(undo, params, joined=(f"{undo} AND EXISTS (SELECT 1 FROM {{run}})", params))]
+    return [begin], [Rider.if_held(undo, [run_id, holder, at])]

@@ -130,13 +130,13 @@ class PostgresStore(Store):
     def claim_on(
         self, cur: Any, claim: PlainClaim, also: Riders | None = None, *, skip_locked: bool = False
     ) -> ClaimedRow | None:
-        joined, (texts, extra) = self._joined(also), self._joins(also)
+        texts, extra = self._joins(also)
         params = self._claim_params(claim.row, claim.fence, claim.holder, claim.expires, None)
         cur.execute(self.statements.claim_riding(skip_locked=skip_locked, riders=texts), [*params, *extra])
         found = cur.fetchone()
         if found is None:
             return None
-        if not joined:
+        if not texts:
             self._ride(cur, also)
         return self._claimed_with_ledger(found, claim.now)
 
@@ -201,30 +201,27 @@ class PostgresStore(Store):
         What rides on a pass's commit: a task's attempt record ended, and the
         claim of the drive's next run with what its job writes with a claim.
         """
-        st = self.statements
         ending = [rider for rider in also or () if isinstance(rider, Rider)]
         following = [rider for rider in also or () if isinstance(rider, ClaimRider)]
-        if joinable(ending) and len(following) <= 1:
-            claim = following[0].arguments() if following else None
-            if claim is not None:
+        if joinable(ending) and len(following) == 1:
+            claim = following[0].arguments()
+            if claim is None:
+                also = ending  # the drive is stopping: no next run is claimed
+            else:
                 beginning = following[0].riding(claim)
                 if joinable(beginning):
                     return self._commit_and_claim(
                         run_id, fence, fields, drop_ledger, (ending, following[0], claim, beginning)
                     )
-            else:
-                texts, extra = self._joins(ending)
-                with self._savepoint_if_nested(), self.cursor() as cur:
-                    cur.execute(
-                        st.commit_fenced(fields, drop_ledger=drop_ledger, riders=texts),
-                        [*st.parameters(fields), run_id, fence, *extra],
-                    )
-                    row = cur.fetchone()
-                return None if row is None else Committed(row[0])
-        with self._together(also), self.cursor() as cur:
-            cur.execute(st.commit_fenced(fields, drop_ledger=drop_ledger), [*st.parameters(fields), run_id, fence])
+        st = self.statements
+        texts, extra = self._joins(also)
+        with self._together(None if texts else also), self.cursor() as cur:
+            cur.execute(
+                st.commit_fenced(fields, drop_ledger=drop_ledger, riders=texts),
+                [*st.parameters(fields), run_id, fence, *extra],
+            )
             row = cur.fetchone()
-            if row is not None:
+            if row is not None and not texts:
                 self._ride(cur, also)
         return None if row is None else Committed(row[0])
 
@@ -258,13 +255,12 @@ class PostgresStore(Store):
 
     def write_fenced(self, run_id: str, fence: int, fields: dict[str, Any], also: Riders | None = None) -> bool:
         st = self.statements
-        joined = self._joined(also)
         texts, extra = self._joins(also)
-        text = st.fenced_riding(fields, texts) if joined else st.update_fenced(fields)
-        with self._together(None if joined else also), self.cursor() as cur:
+        text = st.fenced_riding(fields, texts) if texts else st.update_fenced(fields)
+        with self._together(None if texts else also), self.cursor() as cur:
             cur.execute(text, [*st.parameters(fields), run_id, fence, *extra])
             held = bool(cur.rowcount == 1)
-            if held and not joined:
+            if held and not texts:
                 self._ride(cur, also)
             return held
 
@@ -294,7 +290,11 @@ class PostgresStore(Store):
 
     @staticmethod
     def _joins(also: Riders | None) -> tuple[tuple[str, ...], list[Any]]:
-        """The texts of riders written within a fenced write's statement, and their parameters in order."""
+        """The texts of riders written within a fenced write's statement, and their parameters in order.
+
+        None (``()``) where there are no riders or one of them cannot be so written: then each is
+        written after the fenced write, in its transaction.
+        """
         if not also or not joinable(also):
             return (), []
         joined = [rider.joined for rider in also]

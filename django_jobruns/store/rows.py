@@ -32,6 +32,11 @@ class Rider(NamedTuple):
     #: (text, parameters) of the write within the fenced write's statement.
     joined: tuple[str, list[Any]] | None = None
 
+    @classmethod
+    def if_held(cls, text: str, params: list[Any]) -> Rider:
+        """A write (its ``WHERE`` ending the text) that needs of the fenced write only that it held."""
+        return cls(text, params, joined=(f"{text} AND EXISTS (SELECT 1 FROM {{run}})", params))
+
 
 def joinable(riders: Riders) -> bool:
     """Whether each of ``riders`` can be written within the fenced write's own statement (so can none)."""

@@ -110,7 +110,6 @@ class Statements:
         # -- the claim: holder, expiry and the next fence, if the fence read with
         # the due row is still the run's and its lease is free.
         take = f"{r['lease_holder']} = %s, {r['lease_expires_at']} = {expiry}, {r['lease_fence']} = %s"
-        self._take = take
         free = (
             f"{r['id']} = %s AND {r['lease_fence']} = %s "
             f"AND ({r['lease_expires_at']} IS NULL OR {r['lease_expires_at']} <= {now})"
@@ -127,8 +126,6 @@ class Statements:
         # taken by a read first): a row another transaction holds locked is not waited for.
         self._skipping = f"{r['id']} = (SELECT {r['id']} FROM {run} WHERE {free} FOR UPDATE SKIP LOCKED)"
         self.lock_if_free = f"SELECT {r['id']} FROM {run} WHERE {free} FOR UPDATE SKIP LOCKED"
-        self.claim_with_ledger = self.claim_riding(skip_locked=False)
-        self.claim_with_ledger_skipping = self.claim_riding(skip_locked=True)
         # Several plain claims in one statement (PostgreSQL): each run's id, the fence read with it and
         # its lease in seconds as arrays; each taken only if its fence is unchanged and its lease free,
         # a row another transaction holds locked passed over; each run's new fence its own plus one.
@@ -150,6 +147,7 @@ class Statements:
         # A takeover: the lease lapsed with a holder recorded. The charge of the
         # silent pass (``transitions.charged``) is written by the same statement,
         # first: MySQL evaluates SET left to right, with the values already assigned.
+        self._take = take
         self._lapsed = (
             f"{r['id']} = %s AND {r['lease_fence']} = %s "
             f"AND {r['lease_holder']} IS NOT NULL AND {r['lease_expires_at']} <= {now}"
