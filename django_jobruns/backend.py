@@ -18,7 +18,7 @@ import traceback
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from inspect import iscoroutinefunction
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.core import checks
 from django.db import transaction
@@ -191,8 +191,8 @@ class JobRunsBackend(BaseTaskBackend):  # type: ignore[misc]
         attempts = list(JobAttempt.objects.using(db.alias()).filter(run_id=run.id).order_by("number", "id"))
         return self._result(run, task_of(run, self.alias), attempts)
 
-    def _result(self, run: Any, task: Task, attempts: list[Any]) -> TaskResult:
-        return build_result(run, task, attempts, self.alias)
+    def _result(self, run: Any, task: Task, attempts: list[Any], payload: TaskPayload | None = None) -> TaskResult:
+        return build_result(run, task, attempts, self.alias, payload)
 
     # -- checks ----------------------------------------------------------------
 
@@ -305,11 +305,12 @@ def _run_task(p: Any) -> dict[str, Any]:
     if (takes_context or signalled) and isinstance(backend, JobRunsBackend):
         # Built only when someone looks at it: the task's context (every attempt, read), a receiver of
         # the signals (the attempt in flight only: no read on the way of every task).
+        attempts: list[Any]
         if takes_context:
             attempts = list(JobAttempt.objects.using(db.alias()).filter(run_id=run_id).order_by("number", "id"))
         else:
-            attempts = [JobAttempt(run_id=run_id, number=p.attempt, holder=p.holder, started_at=attempt.began)]
-        result = backend._result(p._row, task_of(p._row, alias), attempts)
+            attempts = [_InFlight(holder=p.holder, started_at=attempt.began)]
+        result = backend._result(p._row, task_of(p._row, alias, payload, task), attempts, payload)
         object.__setattr__(result, "status", TaskResultStatus.RUNNING)
         task_started.send(sender, task_result=result)
     args, kwargs = list(payload.args), dict(payload.kwargs)
@@ -354,6 +355,16 @@ def _finished(sender: Any, result: Any, status: Any, value: Any = None) -> Calla
         task_finished.send(sender, task_result=result)
 
     return send
+
+
+class _InFlight(NamedTuple):
+    """The attempt in flight, as a task's result reads an attempt record (the record itself is not read)."""
+
+    holder: str
+    started_at: datetime
+    ended_at: datetime | None = None
+    error_class: str | None = None
+    traceback: str | None = None
 
 
 class _Attempt:

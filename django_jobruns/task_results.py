@@ -100,11 +100,14 @@ def _json_form(value: Any) -> Any:
     return json.loads(json.dumps(normalize_json(value), allow_nan=False))
 
 
-def build_result(run: Any, task: Task, attempts: list[Any], alias: str) -> Any:
-    """A task run as Django's framework reports it: status, errors (never none when FAILED), attempts, value."""
+def build_result(run: Any, task: Task, attempts: list[Any], alias: str, payload: TaskPayload | None = None) -> Any:
+    """A task run as Django's framework reports it: status, errors (never none when FAILED), attempts, value.
+
+    ``payload``: the run's, where the caller has decoded it already.
+    """
     from .models import Status
 
-    payload = TaskPayload.of(run.payload_value)
+    payload = TaskPayload.of(run.payload_value) if payload is None else payload
     status = _status(run)
     finished = run.status != Status.RUNNING
     errors = []
@@ -180,13 +183,17 @@ def _unimportable(*args: Any, **kwargs: Any) -> None:
     raise ImportError("the task's function cannot be imported")
 
 
-def task_of(run: Any, alias: str) -> Task:
-    """The ``Task`` a task run was enqueued as (its function imported by its module path)."""
-    payload = TaskPayload.of(run.payload_value)
-    try:
-        found = import_string(payload.task)
-    except (ImportError, ValueError):
-        found = None
+def task_of(run: Any, alias: str, payload: TaskPayload | None = None, found: Any = None) -> Task:
+    """The ``Task`` a task run was enqueued as (its function imported by its module path).
+
+    ``payload`` and ``found`` (the task its path names): the run's, where the caller has them already.
+    """
+    payload = TaskPayload.of(run.payload_value) if payload is None else payload
+    if found is None:
+        try:
+            found = import_string(payload.task)
+        except (ImportError, ValueError):
+            found = None
     if not isinstance(found, Task):
         found = Task(func=_unimportable, backend=alias)
     run_after = parse_datetime(payload.run_after) if payload.run_after else None

@@ -275,3 +275,38 @@ def test_when_the_claims_of_a_rounds_first_runs_fail_each_thread_claims_its_own(
     assert report.completed == 3 and report.skipped == 0 and report.unrecorded == [], report
     assert "the claims of the round's first runs failed" in caplog.text
     assert all(r.status == Status.DONE and r.lease_fence == 1 for r in JobRun.objects.filter(pk__in=runs))
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("concurrency", [1, 2])
+def test_a_claimed_run_reads_its_datetimes_to_the_microsecond_as_the_orm_does(behaviour, concurrency):
+    """Each way a run is claimed (alone, with the last commit, several together) hands the pass the row's times."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    seen = {}
+
+    def handler(p):
+        row = p._row
+        seen[row.id] = (row.started_at, row.next_attempt_at, row.paused_at)
+        return {"done": True}
+
+    base = timezone.now() - timedelta(hours=1)
+    runs = {}
+    for i in range(4):
+        behaviour[f"t{i}"] = handler
+        run_id = start_job_run("tests.scripted", instance=f"t{i}")[0].pk
+        # Times with microseconds that no float of seconds since the epoch holds exactly.
+        times = {
+            "started_at": base + timedelta(microseconds=123_457 + i),
+            "next_attempt_at": base + timedelta(minutes=30, microseconds=999_999 - i),
+        }
+        assert JobRun.objects.filter(pk=run_id).update(**times)
+        runs[run_id] = JobRun.objects.get(pk=run_id)  # as the ORM reads them
+    report = run_due_jobs(concurrency=concurrency)
+    assert report.completed == 4
+    for run_id, run in runs.items():
+        started, retry, paused = seen[run_id]
+        assert (started, retry, paused) == (run.started_at, run.next_attempt_at, None)
+        assert started.microsecond == run.started_at.microsecond and started.utcoffset() == run.started_at.utcoffset()

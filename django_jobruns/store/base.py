@@ -17,12 +17,11 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from .. import db
-from ..models import JobRun
 from . import errors, watchdog
 from .deadlocks import retry_deadlocks
 from .retention import Retention
-from .rows import ClaimedRow, ClaimRider, Committed, DueRow, Ledger, PlainClaim, Rider, Riders, StepWrite
-from .statements import RUN_FIELDS, ClockSQL, Expiry, Statements
+from .rows import ClaimedRow, ClaimRider, Committed, DueRow, Ledger, PlainClaim, Rider, Riders, StepWrite, run_of
+from .statements import DATETIME_PLACES, ClockSQL, Expiry, Statements
 
 __all__ = [
     "GUARDED",
@@ -265,12 +264,11 @@ class Store(Retention):
         params = [*take, row.id, row.fence, *st.now_params(expires.now)]
         return params if charge is None else [*st.parameters(charge), *params]
 
-    def _claimed(self, row: tuple[Any, ...], now: datetime, ledger: Ledger | None = None) -> ClaimedRow:
-        values = dict(zip(RUN_FIELDS, row, strict=False))
-        values["next_attempt_at"] = self.read_datetime(values["next_attempt_at"])
-        values["paused_at"] = self.read_datetime(values["paused_at"])
-        values["started_at"] = self.read_datetime(values["started_at"])
-        run = JobRun(**values)
+    def _claimed(self, row: tuple[Any, ...] | list[Any], now: datetime, ledger: Ledger | None = None) -> ClaimedRow:
+        values = list(row)
+        for index in DATETIME_PLACES:  # SQLite's raw cursor reads them as text
+            values[index] = self.read_datetime(values[index])
+        run = run_of(values)
         # Judged in Python, not SQL (SQLite 3.40's RETURNING evaluates "column IS
         # NULL" wrongly), by the one definition of due. The claim's own lease is
         # not among the fields read back, so it does not count against it.

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import transaction
 
 from .base import ClaimedRow, ClaimRider, Committed, PlainClaim, Rider, Riders, StepWrite, Store
 from .rows import joinable
-from .statements import RUN_FIELDS, PostgresClockSQL
+from .statements import DATETIME_PLACES, RUN_FIELDS, PostgresClockSQL
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 #: psycopg's own default: a statement is prepared on a connection once it has run this many times there.
 PREPARE_THRESHOLD = 5
@@ -167,10 +169,21 @@ class PostgresStore(Store):
             return taken
 
     def _claimed_with_ledger(self, found: tuple[Any, ...], now: datetime) -> ClaimedRow:
-        """The run's fields as a claim returned them, then its ledger as JSON."""
+        """The run's fields as a claim returned them (``Statements.claimed_out``), then its ledger as JSON."""
         steps = found[len(RUN_FIELDS)]
         ledger = [tuple(entry) for entry in steps] if steps else []
-        return self._claimed(found[: len(RUN_FIELDS)], now, ledger)
+        values = list(found[: len(RUN_FIELDS)])
+        for index in DATETIME_PLACES:
+            values[index] = self._from_epoch(values[index])
+        return self._claimed(values, now, ledger)
+
+    def _from_epoch(self, micros: int | None) -> datetime | None:
+        """A datetime a statement sent as microseconds since the epoch, as the ORM reads it (the connection's zone)."""
+        if micros is None:
+            return None
+        at = _EPOCH + timedelta(microseconds=micros)
+        zone = self.connection.timezone
+        return at if zone is None or zone is UTC else at.astimezone(zone)
 
     def record_step(self, write: StepWrite) -> tuple[bool, bool]:
         st, at = self.statements, self.adapt
@@ -223,7 +236,7 @@ class PostgresStore(Store):
             row = cur.fetchone()
             if row is not None and not texts:
                 self._ride(cur, also)
-        return None if row is None else Committed(row[0])
+        return None if row is None else Committed(self._from_epoch(row[0]))
 
     def _commit_and_claim(
         self,
@@ -251,7 +264,7 @@ class PostgresStore(Store):
             return None  # the fence did not hold: nothing written, nothing claimed
         if found[1] is not None:
             rider.took(self._claimed_with_ledger(found[1:], claim.now))
-        return Committed(found[0])
+        return Committed(self._from_epoch(found[0]))
 
     def write_fenced(self, run_id: str, fence: int, fields: dict[str, Any], also: Riders | None = None) -> bool:
         st = self.statements

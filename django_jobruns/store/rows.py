@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from ..models import JobRun
-from .statements import Expiry
+from .statements import RUN_FIELDS, Expiry
 
 #: The step ledger of a pass: (step, result, attempts, last_error) per recorded step.
 Ledger = list[tuple[str, "str | None", int, "str | None"]]
@@ -59,6 +60,39 @@ class DueRow(NamedTuple):
     priority: int
     #: When the run became due: its position in the due order (the next page starts after it).
     due_since: Any
+
+
+def run_of(values: tuple[Any, ...] | list[Any]) -> JobRun:
+    """The run a claim read back: ``values`` in :data:`RUN_FIELDS`' order, each other field its default.
+
+    What ``JobRun(**dict(zip(RUN_FIELDS, values)))`` builds, built positionally: Django's
+    keyword path looks each of the model's fields up by name on every run a drive takes.
+    """
+    defaults, places, fresh = _run_layout()
+    args = list(defaults)
+    for position, index in places:
+        args[position] = values[index]
+    for position, field in fresh:
+        args[position] = field.get_default()
+    return JobRun(*args)  # type: ignore[misc]  # the stubs know the keyword form only
+
+
+@functools.cache
+def _run_layout() -> tuple[tuple[Any, ...], tuple[tuple[int, int], ...], tuple[tuple[int, Any], ...]]:
+    """The model's concrete fields in order: their constant defaults, where a claim's row holds each
+    of :data:`RUN_FIELDS`, and the fields whose default is made afresh for each run."""
+    place = {name: index for index, name in enumerate(RUN_FIELDS)}
+    defaults: list[Any] = []
+    places, fresh = [], []
+    for position, field in enumerate(JobRun._meta.concrete_fields):
+        index = place.get(field.name)
+        constant = index is None and not (field.has_default() and callable(field.default))
+        defaults.append(field.get_default() if constant else None)
+        if index is not None:
+            places.append((position, index))
+        elif not constant:
+            fresh.append((position, field))
+    return tuple(defaults), tuple(places), tuple(fresh)
 
 
 @dataclass(frozen=True)

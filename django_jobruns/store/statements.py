@@ -34,6 +34,10 @@ RUN_FIELDS = (
     "trace_context",
 )
 
+#: Of :data:`RUN_FIELDS`, the datetimes, and their places in a claim's row.
+DATETIME_FIELDS = ("next_attempt_at", "paused_at", "started_at")
+DATETIME_PLACES = tuple(RUN_FIELDS.index(name) for name in DATETIME_FIELDS)
+
 #: The due read's columns, in :class:`~django_jobruns.store.DueRow`'s order.
 DUE_FIELDS = ("id", "lease_fence", "module", "job", "lease_holder", "queue_name", "priority")
 
@@ -86,6 +90,11 @@ class MySQLClockSQL(PostgresClockSQL):
         return [*self.now_params(expiry.now, adapt), expiry.ttl // timedelta(microseconds=1)]
 
 
+def _epoch(column: str) -> str:
+    """PostgreSQL: a timestamptz ``column`` as whole microseconds since the epoch (``NULL`` stays ``NULL``)."""
+    return f"(EXTRACT(EPOCH FROM {column}) * 1000000)::bigint"
+
+
 def _columns(model: Any, quote: Any) -> dict[str, str]:
     """Each field's column, quoted, by field name (``run`` → ``"run_id"``)."""
     return {f.name: quote(f.column) for f in model._meta.concrete_fields}
@@ -107,6 +116,12 @@ class Statements:
         step_set = f"{s['result']} = %s, {s['attempts']} = %s, {s['last_error']} = %s, {s['recorded_at']} = %s"
         step_columns = f"{s['run']}, {s['step']}, {s['result']}, {s['attempts']}, {s['last_error']}, {s['recorded_at']}"
         self.columns = columns = ", ".join(r[name] for name in RUN_FIELDS)
+        # What PostgreSQL's one-statement claims send back of the run they claimed: its datetimes as
+        # microseconds since the epoch (exact: EXTRACT gives a numeric), read as integers. Django's
+        # loader of a timestamptz is Python, set up again for each cursor; an integer's is psycopg's C.
+        self.claimed_out = ", ".join(
+            _epoch(f"claimed.{r[name]}") if name in DATETIME_FIELDS else f"claimed.{r[name]}" for name in RUN_FIELDS
+        )
         # -- the claim: holder, expiry and the next fence, if the fence read with
         # the due row is still the run's and its lease is free.
         take = f"{r['lease_holder']} = %s, {r['lease_expires_at']} = {expiry}, {r['lease_fence']} = %s"
@@ -142,7 +157,7 @@ class Statements:
             f"{r['lease_expires_at']} = {expiry.replace('secs => %s', 'secs => locked.locked_secs')}, "
             f"{r['lease_fence']} = {run}.{r['lease_fence']} + 1 "
             f"FROM locked WHERE {run}.{r['id']} = locked.locked_id RETURNING {columns}) "
-            f"SELECT claimed.*, {self._ledger_of_claimed} FROM claimed"
+            f"SELECT {self.claimed_out}, {self._ledger_of_claimed} FROM claimed"
         )
         # A takeover: the lease lapsed with a holder recorded. The charge of the
         # silent pass (``transitions.charged``) is written by the same statement,
@@ -235,7 +250,7 @@ class Statements:
             where = self._skipping if skip_locked else self._free
             return (
                 f"WITH claimed AS (UPDATE {self.run_table} SET {self._take} WHERE {where} RETURNING {self.columns})"
-                f"{self._rides(riders, 'claimed')} SELECT claimed.*, {self._ledger_of_claimed} FROM claimed"
+                f"{self._rides(riders, 'claimed')} SELECT {self.claimed_out}, {self._ledger_of_claimed} FROM claimed"
             )
 
         return self._cached(("claim", skip_locked, riders), build)
@@ -251,12 +266,13 @@ class Statements:
         )
 
     def commit_fenced(self, fields: dict[str, Any], *, drop_ledger: bool, riders: tuple[str, ...] = ()) -> str:
-        """PostgreSQL's pass commit in one statement: the fenced UPDATE, the ledger dropped, the pause returned."""
+        """PostgreSQL's pass commit in one statement: the fenced UPDATE, the ledger dropped, the pause returned
+        (as :func:`_epoch` sends it)."""
         return self._cached(
             ("commit", tuple(fields), drop_ledger, riders),
             lambda: (
                 f"{self._commit_ctes(fields, drop_ledger)}{self._rides(riders, 'fenced')} "
-                f"SELECT {self.run_columns['paused_at']} FROM fenced"
+                f"SELECT {_epoch(self.run_columns['paused_at'])} FROM fenced"
             ),
         )
 
@@ -288,19 +304,20 @@ class Statements:
         row another transaction holds locked. ``ending`` rides on the commit (a
         task's attempt record ended), ``beginning`` on the claim (the next
         task's begun). One row: the pause as the commit left it, then the
-        claimed run's fields and ledger (NULLs if not claimed).
+        claimed run's fields (:attr:`claimed_out`) and ledger (NULLs if not claimed).
         """
         r = self.run_columns
         run = self.run_table
 
         def build() -> str:
             commit = self._commit_ctes(fields, drop_ledger) + self._rides(ending, "fenced")
+            paused = _epoch(f"fenced.{r['paused_at']}")
             chosen = f"SELECT {r['id']} FROM {run} WHERE {self._free} AND EXISTS (SELECT 1 FROM fenced)"
             return (
                 f"{commit}, claimed AS (UPDATE {run} SET {self._take} WHERE {r['id']} = "
                 f"({chosen} FOR UPDATE SKIP LOCKED) RETURNING {self.columns})"
                 f"{self._rides(beginning, 'claimed', len(ending))} "
-                f"SELECT fenced.{r['paused_at']}, claimed.*, {self._ledger_of_claimed} "
+                f"SELECT {paused}, {self.claimed_out}, {self._ledger_of_claimed} "
                 "FROM fenced LEFT JOIN claimed ON TRUE"
             )
 
