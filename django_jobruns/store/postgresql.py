@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -14,6 +15,15 @@ from .rows import joinable
 from .statements import DATETIME_PLACES, RUN_FIELDS, PostgresClockSQL
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _from_epoch(micros: int | None, zone: Any) -> datetime | None:
+    """A datetime a statement sent as microseconds since the epoch, as the ORM reads it (in the connection's zone)."""
+    if micros is None:
+        return None
+    at = _EPOCH + timedelta(microseconds=micros)
+    return at if zone is None or zone is UTC else at.astimezone(zone)
+
 
 #: psycopg's own default: a statement is prepared on a connection once it has run this many times there.
 PREPARE_THRESHOLD = 5
@@ -169,21 +179,14 @@ class PostgresStore(Store):
             return taken
 
     def _claimed_with_ledger(self, found: tuple[Any, ...], now: datetime) -> ClaimedRow:
-        """The run's fields as a claim returned them (``Statements.claimed_out``), then its ledger as JSON."""
+        """The run's fields as a claim returned them (``Statements.claimed_out``), then its ledger as JSON text."""
         steps = found[len(RUN_FIELDS)]
-        ledger = [tuple(entry) for entry in steps] if steps else []
+        ledger = [tuple(entry) for entry in json.loads(steps)] if steps else []
         values = list(found[: len(RUN_FIELDS)])
-        for index in DATETIME_PLACES:
-            values[index] = self._from_epoch(values[index])
-        return self._claimed(values, now, ledger)
-
-    def _from_epoch(self, micros: int | None) -> datetime | None:
-        """A datetime a statement sent as microseconds since the epoch, as the ORM reads it (the connection's zone)."""
-        if micros is None:
-            return None
-        at = _EPOCH + timedelta(microseconds=micros)
         zone = self.connection.timezone
-        return at if zone is None or zone is UTC else at.astimezone(zone)
+        for index in DATETIME_PLACES:
+            values[index] = _from_epoch(values[index], zone)
+        return self._claimed(values, now, ledger)
 
     def record_step(self, write: StepWrite) -> tuple[bool, bool]:
         st, at = self.statements, self.adapt
@@ -236,7 +239,7 @@ class PostgresStore(Store):
             row = cur.fetchone()
             if row is not None and not texts:
                 self._ride(cur, also)
-        return None if row is None else Committed(self._from_epoch(row[0]))
+        return None if row is None else Committed(_from_epoch(row[0], self.connection.timezone))
 
     def _commit_and_claim(
         self,
@@ -264,7 +267,7 @@ class PostgresStore(Store):
             return None  # the fence did not hold: nothing written, nothing claimed
         if found[1] is not None:
             rider.took(self._claimed_with_ledger(found[1:], claim.now))
-        return Committed(self._from_epoch(found[0]))
+        return Committed(_from_epoch(found[0], self.connection.timezone))
 
     def write_fenced(self, run_id: str, fence: int, fields: dict[str, Any], also: Riders | None = None) -> bool:
         st = self.statements

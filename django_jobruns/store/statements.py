@@ -132,8 +132,10 @@ class Statements:
         self.claim = f"UPDATE {run} SET {take} WHERE {free}"
         self.claim_returning = f"UPDATE {run} SET {take} WHERE {free} RETURNING {columns}"
         # The claim, the re-read and the ledger read in one round trip (PostgreSQL).
+        # As text (JSON), as the datetimes are integers: psycopg's loader of the json type is Python,
+        # set up again for each cursor, and a task has no ledger to read.
         self._ledger_of_claimed = (
-            f"(SELECT json_agg(json_build_array({s['step']}, {s['result']}, {s['attempts']}, {s['last_error']})) "
+            f"(SELECT json_agg(json_build_array({s['step']}, {s['result']}, {s['attempts']}, {s['last_error']}))::text "
             f"FROM {step} WHERE {step}.{s['run']} = claimed.{r['id']})"
         )
         self._free = free
