@@ -197,12 +197,12 @@ class Pass:
                 "transaction inside the step's function instead"
             )
         self._used.add(name)
-        policy = retry or self._job.policy
         prior = self._ledger.get(name)
         if prior is not None and prior.result is not None:
             return json.loads(prior.result), True
         attempts = max(prior.attempts, 0) + 1 if prior is not None else 1
-        if prior is not None and policy.exhausted(prior.attempts):
+        # The policy is read where a failure needs it (the setting's lookup is not on every step's way).
+        if prior is not None and (policy := retry or self._job.policy).exhausted(prior.attempts):
             # Spent already (a stop came between the step's last failed attempt and
             # the run being marked failed): calling it again would be one more
             # request upstream for a run that fails anyway.
@@ -226,7 +226,7 @@ class Pass:
             check_result_size(name, stored)
         except BaseException as exc:
             self._record_step(name, None, attempts, storable(summary(exc)))
-            self._failed_step = _StepFailure(name, attempts, policy, exc)
+            self._failed_step = _StepFailure(name, attempts, retry or self._job.policy, exc)
             raise
         self._record_step(name, stored, attempts, None)
         # Returned through the stored form, on the first run as on a replay, so
