@@ -367,3 +367,40 @@ def test_a_rounds_first_claims_are_one_transaction_and_on_postgresql_one_stateme
     expected = {"postgresql": 1 + 1, "sqlite": 1 + 3}.get(connection.vendor, 1 + 3 * 3)
     assert len(sql) == expected, "\n".join(sql)
     assert len(commits) == 1, commits
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the claims' result types are PostgreSQL's")
+@pytest.mark.parametrize("concurrency", [1, 2])
+def test_on_postgresql_a_claim_returns_no_column_read_by_a_loader_set_up_for_each_cursor(behaviour, concurrency):
+    """The claim alone, with the last run's commit, and several together: their rows hold no timestamptz or json.
+
+    psycopg reads those types with loaders of Python that each new cursor sets up again (Django's
+    for timestamptz, psycopg's for json); the claims send the run's datetimes as integers and its
+    ledger as text, which its C loaders read.
+    """
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+    if not is_psycopg3:
+        pytest.skip("psycopg 3's loaders")
+    from psycopg.postgres import types
+
+    python_read = {types.get(name).oid for name in ("timestamptz", "json", "jsonb")}
+    seen: list[tuple[str, set[int]]] = []
+
+    def describing(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        result = execute(sql, params, many, context)
+        description = context["cursor"].description
+        if sql.startswith("WITH") and description:
+            seen.append((sql, {column.type_code for column in description}))
+        return result
+
+    for i in range(4):
+        behaviour[f"loaded{i}"] = lambda p: (p.step("s", lambda: 1), {"done": True})[1]
+        start_job_run("tests.scripted", instance=f"loaded{i}")
+    with connection.execute_wrapper(describing):
+        report = run_due_jobs(concurrency=concurrency)
+    assert report.completed == 4
+    claims = [(sql, codes) for sql, codes in seen if "claimed AS" in sql]
+    assert claims, "no claim was seen"
+    assert not [sql for sql, codes in claims if codes & python_read], "a claim returns a type read by Python"

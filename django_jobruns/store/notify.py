@@ -102,10 +102,8 @@ class Waiter:
                 wrapper.close()
 
     def _listen_on(self, wrapper: Any) -> None:
-        with watchdog.guarded(wrapper):
-            wrapper.ensure_connection()
-            with wrapper.cursor() as cur:
-                cur.execute(f"LISTEN {CHANNEL}")
+        with watchdog.guarded(wrapper), wrapper.cursor() as cur:  # the cursor opens a connection where none is
+            cur.execute(f"LISTEN {CHANNEL}")
         # psycopg 3.2+: notifications that arrive while the drive works
         # wait in the connection's backlog. Other drivers: poll.
         self.raw = wrapper.connection if hasattr(wrapper.connection, "notifies") else None
