@@ -388,7 +388,7 @@ def test_on_postgresql_a_claim_returns_no_column_read_by_a_loader_set_up_for_eac
     python_read = {types.get(name).oid for name in ("timestamptz", "json", "jsonb")}
     seen: list[tuple[str, set[int]]] = []
 
-    def describing(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+    def describing(execute, sql, params, many, context):
         result = execute(sql, params, many, context)
         description = context["cursor"].description
         if sql.startswith("WITH") and description:
