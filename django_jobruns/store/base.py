@@ -266,7 +266,7 @@ class Store(Retention):
 
     def _claimed(self, row: tuple[Any, ...] | list[Any], now: datetime, ledger: Ledger | None = None) -> ClaimedRow:
         values = list(row)
-        for index in DATETIME_PLACES:  # SQLite's raw cursor reads them as text
+        for index in DATETIME_PLACES:  # a raw cursor reads them as text (SQLite) or naive (MariaDB)
             values[index] = self.read_datetime(values[index])
         run = run_of(values)
         # Judged in Python, not SQL (SQLite 3.40's RETURNING evaluates "column IS

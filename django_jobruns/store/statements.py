@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import F
+from django.db.models import DateTimeField, F
 from django.db.models.expressions import CombinedExpression, Value
 
 from ..models import JobRun, JobStep, Status
@@ -34,8 +34,8 @@ RUN_FIELDS = (
     "trace_context",
 )
 
-#: Of :data:`RUN_FIELDS`, the datetimes, and their places in a claim's row.
-DATETIME_FIELDS = ("next_attempt_at", "paused_at", "started_at")
+#: Of :data:`RUN_FIELDS`, the datetimes (as the model says), and their places in a claim's row.
+DATETIME_FIELDS = tuple(name for name in RUN_FIELDS if isinstance(JobRun._meta.get_field(name), DateTimeField))
 DATETIME_PLACES = tuple(RUN_FIELDS.index(name) for name in DATETIME_FIELDS)
 
 #: The due read's columns, in :class:`~django_jobruns.store.DueRow`'s order.
