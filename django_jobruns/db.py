@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from django.db import connections, router
 from django.utils import timezone
 
+from . import exceptions
 from .store import vendors, watchdog
 
 # The model is resolved on first use, not at import: the Tasks backend imports
@@ -42,6 +43,17 @@ def connection() -> Any:
 def in_callers_transaction() -> bool:
     """Whether this thread is inside a transaction its caller opened (a test case's own does not count)."""
     return any(not getattr(block, "_from_testcase", False) for block in connection().atomic_blocks)
+
+
+def refuse_callers_transaction() -> None:
+    """Refuse a drive inside a transaction its caller opened: its commits would roll back with it."""
+    if in_callers_transaction():
+        raise exceptions.DriveInTransaction(
+            "run_due_jobs was called inside a database transaction (transaction.atomic, ATOMIC_REQUESTS): "
+            "its commits would roll back with it and the passes it reports would be lost. Drive outside the "
+            "transaction: transaction.on_commit(lambda: run_due_jobs(...)) from inside one, or "
+            "`manage.py run_due_jobs` from a scheduler"
+        )
 
 
 def replace_if_broken(bound: float | None = None) -> None:

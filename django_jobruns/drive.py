@@ -21,7 +21,7 @@ from . import conf, db, keepalive, telemetry
 from .claims import Claim, Claimed
 from .crew import Crew
 from .due import due_rows
-from .exceptions import DriveInTransaction, InvalidDriveOptions
+from .exceptions import InvalidDriveOptions
 from .following import Following, Line, claim_failed, claim_together, drive_line, give_back
 from .holders import default_holder, holder_name
 from .models import JobRun, Status
@@ -78,7 +78,7 @@ def run_due_jobs(
     :class:`InvalidDriveOptions` before anything is claimed. A run's failure
     never escapes: it is recorded on the run and reported in ``errors``.
     """
-    _refuse_callers_transaction()
+    db.refuse_callers_transaction()
     options = DriveOptions.from_arguments(
         limit=limit,
         max_passes=max_passes,
@@ -130,6 +130,9 @@ def _drive(
     return report
 
 
+#: How long a round of a drive with threads may go on looking again for due runs (``_Drive.look_again``).
+ROUND_SECONDS = db.CLOCK_REFRESH_SECONDS / 2
+
 #: The claims this process holds now (every drive's, every thread's): what a signal's message counts.
 _in_flight: set[int] = set()
 
@@ -137,16 +140,6 @@ _in_flight: set[int] = set()
 def in_flight() -> int:
     """How many runs this process is working on now (held under a claim)."""
     return len(_in_flight)
-
-
-def _refuse_callers_transaction() -> None:
-    if db.in_callers_transaction():
-        raise DriveInTransaction(
-            "run_due_jobs was called inside a database transaction (transaction.atomic, ATOMIC_REQUESTS): "
-            "its commits would roll back with it and the passes it reports would be lost. Drive outside the "
-            "transaction: transaction.on_commit(lambda: run_due_jobs(...)) from inside one, or "
-            "`manage.py run_due_jobs` from a scheduler"
-        )
 
 
 def _round_on_a_live_connection(
@@ -207,6 +200,7 @@ class _Drive:
         self.deadline = deadline
         self.telemetry = traced.recorder if traced is not None else None
         self.parent = traced.parent if traced is not None else None
+        self.began = time.monotonic()
 
     def round(self) -> bool:
         """One pass over what is due now; return whether any run was claimed."""
@@ -215,23 +209,10 @@ class _Drive:
 
     def _read_and_drive(self) -> bool:
         options, report = self.options, self.report
-        scan_max = int(conf.get("SCAN_MAX"))
         attempted = report.attempted
-        # Twice the limit is read, so a claim another worker wins is made up from
-        # the spares (in the order ``Line`` says).
         options.clock.refresh()
-        look_at_schedules(report, options.clock())  # due ticks first (S2): their runs are driven this round
-        rows = due_rows(
-            options.jobs,
-            options.clock.lease_now(),
-            min(2 * options.limit, scan_max),
-            scan_max,
-            report,
-            options.queues,
-            limited=options.limited,
-        )
-        line = Line(rows, options.limit)
-        if options.concurrency == 1 or len(rows) <= 1:
+        line = Line(self._due_now(), options.limit)
+        if options.concurrency == 1 or len(line.pending) <= 1:
             drive_line(self, line)
         else:
             # Windowed: a claim is taken as its work starts, never for the whole line up front, so
@@ -239,7 +220,7 @@ class _Drive:
             # thread, are claimed together (one commit) and each thread starts one as it begins. The
             # crew's threads keep their connections for the drive (one per run, or per round, cost
             # more than a no-op task's pass).
-            threads = min(options.concurrency, len(rows))
+            threads = min(options.concurrency, len(line.pending))
             claim_together(self, line, threads)
             try:
                 self.crew.run(lambda: self.work_in_thread(line), threads)
@@ -247,6 +228,24 @@ class _Drive:
                 for taken in line.unstarted():
                     give_back(taken.claim, self.release)
         return report.attempted > attempted
+
+    def _due_now(self) -> list[DueRow]:
+        """The schedules' due ticks started (S2: their runs are driven with the rest), then the due read."""
+        options, report, scan_max = self.options, self.report, int(conf.get("SCAN_MAX"))
+        look_at_schedules(report, options.clock())
+        # Twice the limit is read, so a claim another worker wins is made up from the spares (in ``Line``'s order).
+        wanted, jobs, limited = min(2 * options.limit, scan_max), options.jobs, options.limited
+        return due_rows(jobs, options.clock.lease_now(), wanted, scan_max, report, options.queues, limited=limited)
+
+    def look_again(self, line: Line) -> bool:
+        """The due read made again by a thread of a drive with a budget that found its round's line empty.
+
+        The other threads go on with their runs meanwhile (``Line.look_again``). A round looks again
+        for at most ``ROUND_SECONDS``: the drive reads the database's clock again between rounds.
+        """
+        if self.options.concurrency == 1 or self.deadline is None or self.stopping():
+            return False  # one thread: the next round is the same look; no budget: one look (D1)
+        return time.monotonic() - self.began < ROUND_SECONDS and line.look_again(self._due_now)
 
     def stopping(self) -> bool:
         """Whether to take no further run or pass: the stop signal is set, or the time budget spent."""
@@ -418,7 +417,7 @@ def drive_run(
     For tests and tools that must not touch the other runs in the table.
     Raises ``LookupError`` for an unknown id.
     """
-    _refuse_callers_transaction()
+    db.refuse_callers_transaction()
     options = DriveOptions(
         limit=1,
         max_passes=positive_int(max_passes, "max_passes"),

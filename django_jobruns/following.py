@@ -120,22 +120,73 @@ class Line:
 
     def __init__(self, rows: list[DueRow], limit: int) -> None:
         self.pending = list(rows)
-        self.slots = limit
+        self.limit = self.slots = limit
         self.lock = threading.Lock()
         self.shuffled = False
+        #: The ids of the rows taken from the line whose drive has not ended (a look again passes them over).
+        self.out: set[str] = set()
+        #: One thread at a time looks again (``look_again``); ``looks`` counts the looks made.
+        self.looking = threading.Lock()
+        self.looks = 0
         #: Runs claimed together as the round began, each for a thread to start as it begins (D7).
         self.claimed: list[tuple[DueRow, Claimed]] = []
 
     def next(self) -> DueRow | None:
         with self.lock:
-            return self.pending.pop(0) if self.pending else None
+            return self._pop()
+
+    def _pop(self) -> DueRow | None:
+        if not self.pending or self.slots == 0:
+            return None  # none left, or ``limit`` runs taken
+        row = self.pending.pop(0)
+        self.out.add(row.id)
+        return row
 
     def first(self) -> tuple[DueRow | None, Claimed | None]:
         """A thread's first run: one claimed as the round began, else the next row, to be claimed."""
         with self.lock:
             if self.claimed:
                 return self.claimed.pop(0)
-            return (self.pending.pop(0) if self.pending else None), None
+            return self._pop(), None
+
+    def ended(self, row: DueRow) -> None:
+        """The drive of a row taken from the line has ended: a later look may take the run again."""
+        with self.lock:
+            self.out.discard(row.id)
+
+    def look_again(self, look: Callable[[], list[DueRow]]) -> bool:
+        """Whether ``look`` (the due read), made by this thread or the one looking, left runs to take now.
+
+        A thread that found the line empty looks again while the drive's other threads go on with
+        their runs: a round does not wait for its last run before it reads what is due. One thread
+        looks at a time; a thread that finds another looking waits for that look and takes what it
+        found. A look that fails ends the round as its runs end; the drive's next round reads again.
+        """
+        looks = self.looks
+        with self.looking:
+            if self.looks != looks:
+                return bool(self.pending)  # another thread looked meanwhile
+            try:
+                return self.refill(look())
+            except DatabaseError as exc:
+                logger.warning("the due read failed (%s); made again as the round ends", summary(exc))
+                db.replace_if_broken()
+                return False
+
+    def refill(self, rows: list[DueRow]) -> bool:
+        """A look found ``rows``: they are the line now, less those taken; False if none was not in it already.
+
+        The line's ``limit`` slots are given anew, as for a round.
+        """
+        with self.lock:
+            self.looks += 1
+            known = self.out.union(row.id for row in self.pending)
+            if all(row.id in known for row in rows):
+                return False
+            self.pending = [row for row in rows if row.id not in self.out]
+            self.slots = self.limit
+            self.shuffled = False
+            return True
 
     def leading(self, count: int) -> list[tuple[DueRow, Job]]:
         """Up to ``count`` rows from the front of the line to claim together, their slots reserved.
@@ -158,13 +209,16 @@ class Line:
         job = lookup(row.module, row.job) if row is not None and row.holder is None else None
         if row is None or job is None or not self._reserve_held():
             return None
-        return self.pending.pop(0), job
+        self.pending.pop(0)
+        self.out.add(row.id)
+        return row, job
 
     def put_back(self, rows: list[DueRow]) -> None:
         """Rows taken by :meth:`leading` whose claim was not made: at the front again, their slots free."""
         with self.lock:
             self.pending[:0] = rows
             self.slots += len(rows)
+            self.out.difference_update(row.id for row in rows)
 
     def unstarted(self) -> list[Claimed]:
         """The runs claimed together that no thread started (a thread that failed first): to give back."""
@@ -217,12 +271,20 @@ class Driver(Protocol):
         """Drive one run (``taken``: claimed already); False once told to take no more; the next if claimed with it."""
         ...
 
+    def look_again(self, line: Line) -> bool:
+        """Whether another due read, the line found empty, refilled it."""
+        ...
+
 
 def drive_line(drive: Driver, line: Line) -> None:
-    """Drive the line's runs one after another; each claimed, when it can be, by the write that ends the last."""
+    """Drive the line's runs one after another; each claimed, when it can be, by the write that ends the last.
+
+    The line found empty, the drive may look again (``Driver.look_again``) and go on with what that found.
+    """
     row, taken = line.first()
-    while row is not None:
+    while row is not None or (drive.look_again(line) and (row := line.next()) is not None):
         go_on, following = drive.handle(row, taken, line)
+        line.ended(row)
         if not go_on:
             return
         if following is None:
@@ -234,6 +296,7 @@ def drive_line(drive: Driver, line: Line) -> None:
             if following.lost_to_another():
                 drive.report.add(Count.SKIPPED)
                 line.contended()
+                line.ended(row)
                 row = line.next()
 
 

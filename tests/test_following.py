@@ -310,3 +310,33 @@ def test_a_claimed_run_reads_its_datetimes_to_the_microsecond_as_the_orm_does(be
         started, retry, paused = seen[run_id]
         assert (started, retry, paused) == (run.started_at, run.next_attempt_at, None)
         assert started.microsecond == run.started_at.microsecond and started.utcoffset() == run.started_at.utcoffset()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_drive_with_threads_looks_again_for_due_runs_while_its_rounds_long_run_goes_on(behaviour):
+    """A round of a drive with threads ended with its longest run: a run due meanwhile waited for it, threads idle."""
+    later_due, later_ran, stop = threading.Event(), threading.Event(), threading.Event()
+    waited: list[bool] = []
+
+    def long(p: Any) -> dict[str, Any]:
+        start_job_run("tests.scripted", instance="later")
+        later_due.set()
+        waited.append(later_ran.wait(timeout=20))  # driven by the other thread, while this run goes on
+        stop.set()
+        return {"done": True}
+
+    def short(p: Any) -> dict[str, Any]:
+        later_due.wait(timeout=20)  # the round's line is empty as this run ends: the later run is due then
+        return {"done": True}
+
+    def later(p: Any) -> dict[str, Any]:
+        later_ran.set()
+        return {"done": True}
+
+    behaviour.update({"a-long": long, "b-short": short, "later": later})
+    for instance in ("a-long", "b-short"):  # due in this order: a round of both, one thread each
+        start_job_run("tests.scripted", instance=instance)
+    report = run_due_jobs(concurrency=2, limit=2, max_seconds=120, stop=stop)
+    assert waited == [True]
+    assert report.completed == 3 and report.skipped == 0
+    assert JobRun.objects.filter(status=Status.DONE).count() == 3
