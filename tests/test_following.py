@@ -11,6 +11,7 @@ from django.db import connection
 from django_jobruns import run_due_jobs, start_job_run
 from django_jobruns.drive import drive_run
 from django_jobruns.models import JobAttempt, JobRun, Status
+from tests.conftest import wait_until
 from tests.test_costs import _counting_commits
 
 
@@ -340,3 +341,132 @@ def test_a_drive_with_threads_looks_again_for_due_runs_while_its_rounds_long_run
     assert waited == [True]
     assert report.completed == 3 and report.skipped == 0
     assert JobRun.objects.filter(status=Status.DONE).count() == 3
+
+
+def _runs_then_stop(behaviour: dict[str, Any], count: int, stop: threading.Event) -> None:
+    """``count`` runs; the last to end sets ``stop``."""
+    finished: list[str] = []
+    lock = threading.Lock()
+
+    def handler(p: Any) -> dict[str, Any]:
+        with lock:
+            finished.append(p.run.instance)
+            if len(finished) == count:
+                stop.set()
+        return {"done": True}
+
+    for i in range(count):
+        behaviour[f"t{i}"] = handler
+        start_job_run("tests.scripted", instance=f"t{i}")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_look_again_that_fails_ends_the_round_as_its_runs_end_and_the_drive_goes_on(behaviour, monkeypatch, caplog):
+    from django.db import OperationalError
+
+    from django_jobruns import drive
+    from django_jobruns.due import due_rows as real
+
+    stop, reads = threading.Event(), []
+
+    def due_rows(*args: Any, **kwargs: Any) -> Any:
+        reads.append(threading.current_thread().name)
+        if len(reads) == 2:  # the first look again, from a thread of the drive
+            raise OperationalError("server closed the connection unexpectedly")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(drive, "due_rows", due_rows)
+    _runs_then_stop(behaviour, 6, stop)
+    with caplog.at_level("WARNING", logger="django_jobruns"):
+        report = run_due_jobs(concurrency=2, limit=2, max_seconds=120, stop=stop)
+    assert report.completed == 6 and report.errors == [] and report.unrecorded == []
+    assert reads[1].startswith("jobruns")  # the look that failed was a thread's, not the round's
+    said = [record.getMessage() for record in caplog.records if "the due read failed" in record.getMessage()]
+    assert said == [
+        "the due read failed (OperationalError: server closed the connection unexpectedly); "
+        "made again as the round ends"
+    ], said
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_round_of_a_drive_with_threads_looks_again_for_at_most_round_seconds(behaviour, monkeypatch):
+    """Between rounds the drive reads the database's clock again: a round of looks again must end."""
+    from django_jobruns import drive
+
+    rounds: list[int] = []
+    real = drive._Drive._read_and_drive
+
+    def counted(self: Any) -> bool:
+        rounds.append(1)
+        return real(self)
+
+    monkeypatch.setattr(drive._Drive, "_read_and_drive", counted)
+    for seconds, fewest, most in ((drive.ROUND_SECONDS, 1, 2), (0.0, 3, 4)):
+        stop = threading.Event()
+        monkeypatch.setattr(drive, "ROUND_SECONDS", seconds)
+        rounds.clear()
+        _runs_then_stop(behaviour, 6, stop)
+        report = run_due_jobs(concurrency=2, limit=2, max_seconds=120, stop=stop)
+        assert report.completed == 6
+        # Looks again within the round: one round (and one that found nothing as the stop came); none: a round a look.
+        assert fewest <= len(rounds) <= most, (seconds, len(rounds))
+        JobRun.objects.all().delete()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_look_again_passes_over_a_run_another_thread_is_claiming_with_its_commit(behaviour, monkeypatch):
+    """A row taken from the line, its claim not yet written, is still due: a look must not give it to another thread."""
+    from django_jobruns.following import Line
+
+    popped, looked, stop = threading.Event(), threading.Event(), threading.Event()
+    bodies: list[str] = []
+    lock = threading.Lock()
+    real_following, real_refill = Line.following, Line.refill
+
+    def following(self: Line, *args: Any) -> Any:
+        chosen = real_following(self, *args)
+        if chosen is not None and chosen.row.id == last.id:
+            popped.set()  # the last run taken to be claimed with this thread's commit, not claimed yet
+            looked.wait(timeout=20)  # while the other thread, its line empty, looks again
+        return chosen
+
+    def refill(self: Line, rows: list[Any]) -> bool:
+        try:
+            return real_refill(self, rows)
+        finally:
+            looked.set()
+
+    def body(p: Any) -> dict[str, Any]:
+        with lock:
+            bodies.append(p.run.instance)
+            second = len(bodies) == 2
+        if second:
+            popped.wait(timeout=20)  # ends once the other thread's commit has taken the last run
+        return {"done": True}
+
+    monkeypatch.setattr(Line, "following", following)
+    monkeypatch.setattr(Line, "refill", refill)
+    behaviour.update({"a": body, "b": body, "c": body})
+    start_job_run("tests.scripted", instance="a")
+    start_job_run("tests.scripted", instance="b")
+    last = start_job_run("tests.scripted", instance="c")[0]
+    reports: list[Any] = []
+
+    def drive() -> None:
+        try:
+            reports.append(run_due_jobs(concurrency=2, limit=3, max_seconds=120, stop=stop))
+        finally:
+            connection.close()  # this thread's
+
+    driving = threading.Thread(target=drive)
+    driving.start()
+    try:
+        # Stopped once the runs are done, not by the last body: a drive stopping claims nothing with its commit.
+        wait_until(lambda: JobRun.objects.filter(status=Status.DONE).count() == 3, "the three runs done")
+    finally:
+        stop.set()
+        driving.join(timeout=60)
+    (report,) = reports
+    assert popped.is_set() and looked.is_set()
+    assert report.completed == 3 and report.skipped == 0, report
+    assert sorted(bodies) == ["a", "b", "c"]
