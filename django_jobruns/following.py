@@ -21,7 +21,9 @@ has no statements of its own to ride along).
 With ``--concurrency N`` a round's first runs, one for each of its threads, are
 claimed in one transaction (:func:`claim_together`: one commit, not N; on
 PostgreSQL one statement), and each thread starts one as it begins; the rest of
-the round is claimed as above.
+the round is claimed as above. With a time budget, a thread that finds the
+line empty reads what is due again while the other threads go on
+(:meth:`Line.look_again`), so a round never waits for its slowest run.
 """
 
 from __future__ import annotations
@@ -113,7 +115,7 @@ class Following(ClaimRider):
 class Line:
     """A round's due rows, in the order its drive takes them, and how many more runs it may take (``limit``).
 
-    Shared by the drive's threads under its lock. Runs are taken oldest first.
+    Shared by the drive's threads under its lock; refilled by a look again. Runs are taken oldest first.
     Once a claim is lost to another worker, the rest are taken in random order,
     so workers started together stop racing each other for the same next run.
     """
