@@ -140,6 +140,10 @@ class Line:
     def _pop(self) -> DueRow | None:
         if not self.pending or self.slots == 0:
             return None  # none left, or ``limit`` runs taken
+        return self._take_front()
+
+    def _take_front(self) -> DueRow:
+        """The row at the front, out of the line and counted as taken (lock held)."""
         row = self.pending.pop(0)
         self.out.add(row.id)
         return row
@@ -211,9 +215,7 @@ class Line:
         job = lookup(row.module, row.job) if row is not None and row.holder is None else None
         if row is None or job is None or not self._reserve_held():
             return None
-        self.pending.pop(0)
-        self.out.add(row.id)
-        return row, job
+        return self._take_front(), job
 
     def put_back(self, rows: list[DueRow]) -> None:
         """Rows taken by :meth:`leading` whose claim was not made: at the front again, their slots free."""
