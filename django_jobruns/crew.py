@@ -38,16 +38,21 @@ class Crew:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def run(self, work: Callable[[], None], threads: int) -> None:
+    def run(
+        self, work: Callable[[], None], threads: int, meanwhile: Callable[[], None] | None = None, every: float = 0
+    ) -> None:
         """Run ``work`` on ``threads`` of the crew's threads at once; return once every one has ended.
 
-        The first error any of them raised is raised here, after all have ended (none is left
-        running into the next round).
+        While they work, the calling thread runs ``meanwhile`` every ``every`` seconds. The first
+        error any of them raised is raised here, after all have ended (none is left running into
+        the next round).
         """
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=self.size, thread_name_prefix="jobruns")
         futures = [self._pool.submit(self._in_thread, work) for _ in range(min(threads, self.size))]
-        wait(futures)
+        while wait(futures, timeout=every if meanwhile is not None else None).not_done:
+            if meanwhile is not None:
+                meanwhile()
         for future in futures:
             future.result()
 

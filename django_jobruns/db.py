@@ -9,12 +9,13 @@ too: a replica could be behind.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from django.db import connections, router
+from django.db import DatabaseError, connections, router
 from django.utils import timezone
 
 from . import exceptions
@@ -187,6 +188,17 @@ class InjectedClock:
 
     def refresh(self) -> None:
         pass
+
+
+def read_clock_again(clock: Clock) -> None:
+    """``clock`` read again as its reading ages, while a drive's threads work (a round may last as long as a task's
+    body); by the thread whose connection it reads. A failure is said, not raised: the threads go on, and the
+    drive's next round reads the clock again."""
+    try:
+        clock.refresh()
+    except DatabaseError as exc:
+        logging.getLogger("django_jobruns").warning("the database's clock could not be read again (%s)", exc)
+        replace_if_broken()
 
 
 def now() -> datetime:

@@ -130,9 +130,6 @@ def _drive(
     return report
 
 
-#: How long a round of a drive with threads may go on looking again for due runs (``_Drive.look_again``).
-ROUND_SECONDS = db.CLOCK_REFRESH_SECONDS / 2
-
 #: The claims this process holds now (every drive's, every thread's): what a signal's message counts.
 _in_flight: set[int] = set()
 
@@ -200,7 +197,9 @@ class _Drive:
         self.deadline = deadline
         self.telemetry = traced.recorder if traced is not None else None
         self.parent = traced.parent if traced is not None else None
-        self.began = time.monotonic()
+        # Twice the limit is read, so a claim another worker wins is made up from the spares (in ``Line``'s order).
+        self.scan_max = int(conf.get("SCAN_MAX"))
+        self.wanted = min(2 * options.limit, self.scan_max)
 
     def round(self) -> bool:
         """One pass over what is due now; return whether any run was claimed."""
@@ -211,19 +210,23 @@ class _Drive:
         options, report = self.options, self.report
         attempted = report.attempted
         options.clock.refresh()
-        line = Line(self._due_now(), options.limit)
-        if options.concurrency == 1 or len(line.pending) <= 1:
+        line = Line(self._due_now(), options.limit, self.wanted)
+        # With a time budget every thread starts, so that a run started while the round's runs go on
+        # is taken by a thread that has none (``look_again``); a single pass takes what it read.
+        threads = min(options.concurrency, len(line.pending) if self.deadline is None else options.concurrency)
+        if threads <= 1 or not line.pending:
             drive_line(self, line)
         else:
             # Windowed: a claim is taken as its work starts, never for the whole line up front, so
             # the tail of a long line does not expire unworked. The round's first runs, one for each
             # thread, are claimed together (one commit) and each thread starts one as it begins. The
             # crew's threads keep their connections for the drive (one per run, or per round, cost
-            # more than a no-op task's pass).
-            threads = min(options.concurrency, len(line.pending))
+            # more than a no-op task's pass). Meanwhile this thread reads the database's clock again
+            # as its reading ages (a round may last as long as a task's body).
             claim_together(self, line, threads)
             try:
-                self.crew.run(lambda: self.work_in_thread(line), threads)
+                meanwhile = lambda: db.read_clock_again(options.clock)  # noqa: E731
+                self.crew.run(lambda: self.work_in_thread(line), threads, meanwhile, db.CLOCK_REFRESH_SECONDS / 2)
             finally:
                 for taken in line.unstarted():
                     give_back(taken.claim, self.release)
@@ -231,21 +234,16 @@ class _Drive:
 
     def _due_now(self) -> list[DueRow]:
         """The schedules' due ticks started (S2: their runs are driven with the rest), then the due read."""
-        options, report, scan_max = self.options, self.report, int(conf.get("SCAN_MAX"))
+        options, report = self.options, self.report
         look_at_schedules(report, options.clock())
-        # Twice the limit is read, so a claim another worker wins is made up from the spares (in ``Line``'s order).
-        wanted, jobs, limited = min(2 * options.limit, scan_max), options.jobs, options.limited
-        return due_rows(jobs, options.clock.lease_now(), wanted, scan_max, report, options.queues, limited=limited)
+        jobs, limited, lease_now = options.jobs, options.limited, options.clock.lease_now()
+        return due_rows(jobs, lease_now, self.wanted, self.scan_max, report, options.queues, limited=limited)
 
-    def look_again(self, line: Line) -> bool:
-        """The due read made again by a thread of a drive with a budget that found its round's line empty.
-
-        The other threads go on with their runs meanwhile (``Line.look_again``). A round looks again
-        for at most ``ROUND_SECONDS``: the drive reads the database's clock again between rounds.
-        """
-        if self.options.concurrency == 1 or self.deadline is None or self.stopping():
-            return False  # one thread: the next round is the same look; no budget: one look (D1)
-        return time.monotonic() - self.began < ROUND_SECONDS and line.look_again(self._due_now)
+    def look_again(self, line: Line) -> DueRow | None:
+        """The next row for a thread of a drive with a budget that found its round's line empty (``Line.look_for``)."""
+        if self.options.concurrency == 1 or self.deadline is None:
+            return None  # one thread: the next round is the same look; no budget: one look (D1)
+        return line.look_for(self._due_now, self.stopping, notify.POLL_SECONDS)
 
     def stopping(self) -> bool:
         """Whether to take no further run or pass: the stop signal is set, or the time budget spent."""

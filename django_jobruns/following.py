@@ -120,16 +120,24 @@ class Line:
     so workers started together stop racing each other for the same next run.
     """
 
-    def __init__(self, rows: list[DueRow], limit: int) -> None:
+    def __init__(self, rows: list[DueRow], limit: int, wanted: int | None = None) -> None:
         self.pending = list(rows)
         self.limit = self.slots = limit
         self.lock = threading.Lock()
+        #: Notified as a look refills the line and as the last run out ends (``worth_looking``'s waits).
+        self.changed = threading.Condition(self.lock)
         self.shuffled = False
         #: The ids of the rows taken from the line whose drive has not ended (a look again passes them over).
         self.out: set[str] = set()
         #: One thread at a time looks again (``look_again``); ``looks`` counts the looks made.
         self.looking = threading.Lock()
         self.looks = 0
+        #: Rows a read asks for. ``complete``: the last read found fewer (every run due then), or nothing new.
+        self.wanted = wanted
+        self.complete = wanted is not None and len(rows) < wanted
+        self.read_at = time.monotonic()
+        #: A look failed, or a thread's drive raised: no other look this round (``end``).
+        self.broken = False
         #: Runs claimed together as the round began, each for a thread to start as it begins (D7).
         self.claimed: list[tuple[DueRow, Claimed]] = []
 
@@ -159,6 +167,8 @@ class Line:
         """The drive of a row taken from the line has ended: a later look may take the run again."""
         with self.lock:
             self.out.discard(row.id)
+            if not self.out:
+                self.changed.notify_all()  # threads waiting for work: the round is over
 
     def look_again(self, look: Callable[[], list[DueRow]]) -> bool:
         """Whether ``look`` (the due read), made by this thread or the one looking, left runs to take now.
@@ -177,21 +187,64 @@ class Line:
             except DatabaseError as exc:
                 logger.warning("the due read failed (%s); made again as the round ends", summary(exc))
                 db.replace_if_broken()
+                self.end()
                 return False
 
+    def end(self) -> None:
+        """No look again this round: the threads waiting for work end, the others as their runs end."""
+        with self.lock:
+            self.broken = True
+            self.changed.notify_all()
+
+    def look_for(self, look: Callable[[], list[DueRow]], stopping: Callable[[], bool], every: float) -> DueRow | None:
+        """The next row for a thread that found the line empty (``look_again``, ``worth_looking``), or ``None``
+        once the round is over or the drive stops."""
+        while not stopping():
+            row = self.next()
+            if row is not None:
+                return row
+            if not self.worth_looking(every):
+                return None
+            self.look_again(look)
+        return None
+
+    def worth_looking(self, every: float) -> bool:
+        """Whether a thread that found the line empty should look again now; False once the round is over.
+
+        A line whose last read found every run due then is read again no sooner than ``every`` after
+        it: meanwhile the thread waits, as long as another thread's run goes on (a task's long body, a
+        long pass), a run started meanwhile is taken by a thread that has none. The round is over when
+        no run of it is out and a look would find nothing new, or it was ended (``end``).
+        """
+        with self.changed:
+            while not self.broken:
+                if self.pending or not self.complete:
+                    return True  # runs to take (``limit`` taken: a look gives it anew), or more may be due
+                wait = self.read_at + every - time.monotonic()
+                if wait <= 0:
+                    return True
+                if not self.out:
+                    return False
+                self.changed.wait(wait)
+            return False
+
     def refill(self, rows: list[DueRow]) -> bool:
-        """A look found ``rows``: they are the line now, less those taken; False if none was not in it already.
+        """A look found ``rows``: they are the line now, less those taken; False if it found nothing to take.
 
         The line's ``limit`` slots are given anew, as for a round.
         """
         with self.lock:
             self.looks += 1
+            self.read_at = time.monotonic()
             known = self.out.union(row.id for row in self.pending)
-            if all(row.id in known for row in rows):
+            if not self.pending and all(row.id in known for row in rows):
+                self.complete = True  # nothing new: the next look waits for runs to start (``worth_looking``)
                 return False
+            self.complete = self.wanted is not None and len(rows) < self.wanted
             self.pending = [row for row in rows if row.id not in self.out]
             self.slots = self.limit
             self.shuffled = False
+            self.changed.notify_all()
             return True
 
     def leading(self, count: int) -> list[tuple[DueRow, Job]]:
@@ -275,8 +328,8 @@ class Driver(Protocol):
         """Drive one run (``taken``: claimed already); False once told to take no more; the next if claimed with it."""
         ...
 
-    def look_again(self, line: Line) -> bool:
-        """Whether another due read, the line found empty, refilled it."""
+    def look_again(self, line: Line) -> DueRow | None:
+        """The line found empty: a row that another due read found, or ``None`` when the thread's work is over."""
         ...
 
 
@@ -286,8 +339,12 @@ def drive_line(drive: Driver, line: Line) -> None:
     The line found empty, the drive may look again (``Driver.look_again``) and go on with what that found.
     """
     row, taken = line.first()
-    while row is not None or (drive.look_again(line) and (row := line.next()) is not None):
-        go_on, following = drive.handle(row, taken, line)
+    while row is not None or (row := drive.look_again(line)) is not None:
+        try:
+            go_on, following = drive.handle(row, taken, line)
+        except BaseException:
+            line.end()  # the threads waiting for work end, and the error ends the round
+            raise
         line.ended(row)
         if not go_on:
             return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any
 
@@ -389,28 +390,39 @@ def test_a_look_again_that_fails_ends_the_round_as_its_runs_end_and_the_drive_go
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_round_of_a_drive_with_threads_looks_again_for_at_most_round_seconds(behaviour, monkeypatch):
-    """Between rounds the drive reads the database's clock again: a round of looks again must end."""
+def test_a_thread_with_no_run_reads_what_is_due_once_a_poll_while_another_threads_run_goes_on(behaviour, monkeypatch):
+    """A thread that found nothing waits between looks: it must not read what is due again and again."""
+    import time
+
     from django_jobruns import drive
+    from django_jobruns.due import due_rows as real
+    from django_jobruns.store import notify
 
-    rounds: list[int] = []
-    real = drive._Drive._read_and_drive
+    every = 0.05
+    monkeypatch.setattr(notify, "POLL_SECONDS", every)
+    reads: list[float] = []
+    enough, stop = threading.Event(), threading.Event()
 
-    def counted(self: Any) -> bool:
-        rounds.append(1)
-        return real(self)
+    def due_rows(*args: Any, **kwargs: Any) -> Any:
+        reads.append(time.monotonic())
+        if len(reads) == 6:
+            enough.set()
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(drive._Drive, "_read_and_drive", counted)
-    for seconds, fewest, most in ((drive.ROUND_SECONDS, 1, 2), (0.0, 3, 4)):
-        stop = threading.Event()
-        monkeypatch.setattr(drive, "ROUND_SECONDS", seconds)
-        rounds.clear()
-        _runs_then_stop(behaviour, 6, stop)
-        report = run_due_jobs(concurrency=2, limit=2, max_seconds=120, stop=stop)
-        assert report.completed == 6
-        # Looks again within the round: one round (and one that found nothing as the stop came); none: a round a look.
-        assert fewest <= len(rounds) <= most, (seconds, len(rounds))
-        JobRun.objects.all().delete()
+    def long(p: Any) -> dict[str, Any]:
+        assert enough.wait(timeout=20)  # the other thread's looks while this run goes on
+        stop.set()
+        return {"done": True}
+
+    monkeypatch.setattr(drive, "due_rows", due_rows)
+    behaviour.update({"a-long": long, "b-short": lambda p: {"done": True}})
+    start_job_run("tests.scripted", instance="a-long")
+    start_job_run("tests.scripted", instance="b-short")
+    report = run_due_jobs(concurrency=2, limit=2, max_seconds=120, stop=stop)
+    assert report.completed == 2
+    # The round's read, then the idle thread's looks: none sooner than the poll after the one before.
+    gaps = [later - earlier for earlier, later in zip(reads[1:6], reads[2:6], strict=False)]
+    assert all(gap >= every * 0.99 for gap in gaps), gaps
 
 
 @pytest.mark.django_db(transaction=True)
@@ -470,3 +482,106 @@ def test_a_look_again_passes_over_a_run_another_thread_is_claiming_with_its_comm
     assert popped.is_set() and looked.is_set()
     assert report.completed == 3 and report.skipped == 0, report
     assert sorted(bodies) == ["a", "b", "c"]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("alone", [True, False], ids=["its-only-run", "after-its-other-thread-found-nothing"])
+def test_a_drive_with_threads_drives_a_run_started_while_a_long_run_goes_on(behaviour, alone):
+    """A long run (a task's body, a long pass) held the round: a run started meanwhile waited for it, threads idle."""
+    idle, later_ran, stop = threading.Event(), threading.Event(), threading.Event()
+    waited: list[bool] = []
+
+    def long(p: Any) -> dict[str, Any]:
+        if not alone:
+            idle.wait(timeout=20)  # the short run has ended and its thread found nothing due
+        start_job_run("tests.scripted", instance="later")
+        waited.append(later_ran.wait(timeout=20))  # driven by another thread, while this run goes on
+        stop.set()
+        return {"done": True}
+
+    def short(p: Any) -> dict[str, Any]:
+        return {"done": True}
+
+    def later(p: Any) -> dict[str, Any]:
+        later_ran.set()
+        return {"done": True}
+
+    behaviour.update({"a-long": long, "b-short": short, "later": later})
+    start_job_run("tests.scripted", instance="a-long")
+    if not alone:
+        start_job_run("tests.scripted", instance="b-short")
+
+        def watch() -> None:
+            try:
+                wait_until(lambda: JobRun.objects.filter(status=Status.DONE).count() == 1, "the short run done", 20)
+                idle.set()
+            finally:
+                connection.close()  # this thread's
+
+        threading.Thread(target=watch, daemon=True).start()
+    report = run_due_jobs(concurrency=2, limit=2, max_seconds=120, stop=stop)
+    assert waited == [True]
+    assert report.completed == (2 if alone else 3) and report.skipped == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_round_that_goes_on_has_the_database_clock_read_again_by_the_drives_own_thread(behaviour, monkeypatch):
+    """Rounds of a drive with threads no longer end to read the clock: the drive's own thread reads it meanwhile."""
+    from django_jobruns import db
+
+    main = threading.main_thread()
+    reads = {"main": 0, "at the long run's start": -1}
+    twice = threading.Event()
+    originals = {cls: cls.refresh for cls in (db.HostClock, db.ServerClock)}
+
+    def counting(cls: Any) -> Any:
+        def refresh(self: Any) -> None:
+            originals[cls](self)
+            if threading.current_thread() is main:
+                reads["main"] += 1
+                if reads["at the long run's start"] >= 0 and reads["main"] >= reads["at the long run's start"] + 2:
+                    twice.set()
+
+        return refresh
+
+    for cls in originals:
+        monkeypatch.setattr(cls, "refresh", counting(cls))
+    monkeypatch.setattr(db, "CLOCK_REFRESH_SECONDS", 0.1)
+    stop = threading.Event()
+    read_meanwhile: list[bool] = []
+
+    def long(p: Any) -> dict[str, Any]:
+        reads["at the long run's start"] = reads["main"]
+        read_meanwhile.append(twice.wait(timeout=20))  # the clock read twice by the drive's own thread meanwhile
+        stop.set()
+        return {"done": True}
+
+    behaviour.update({"a-long": long, "b-short": lambda p: {"done": True}})
+    start_job_run("tests.scripted", instance="a-long")
+    start_job_run("tests.scripted", instance="b-short")
+    report = run_due_jobs(concurrency=2, limit=2, max_seconds=120, stop=stop)
+    assert read_meanwhile == [True]
+    assert report.completed == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_body_that_exits_in_a_thread_ends_the_round_at_once_with_threads_waiting_for_work(behaviour):
+    """A thread with no run waits while a run of the round goes on: an exit from that run must not leave it waiting."""
+    raised: list[BaseException] = []
+
+    def drive() -> None:
+        try:
+            run_due_jobs(concurrency=2, limit=2, max_seconds=120)
+        except BaseException as exc:
+            raised.append(exc)
+        finally:
+            connection.close()  # this thread's
+
+    behaviour["exits"] = lambda p: sys.exit(4)
+    start_job_run("tests.scripted", instance="exits")
+    driving = threading.Thread(target=drive, daemon=True)
+    driving.start()
+    driving.join(timeout=20)  # the budget is 120 s: the exit, not the budget, ends the drive
+    assert not driving.is_alive() and len(raised) == 1
+    assert isinstance(raised[0], SystemExit) and raised[0].code == 4
+    assert JobRun.objects.get().last_error.startswith("SystemExit: 4")
