@@ -2,7 +2,7 @@
 """Django's Tasks: this app's backend against django-tasks-db's, on the same database, rounds interleaved.
 
     python bench/tasks.py --db {sqlite,postgres} [--tasks N] [--latency K] [--rounds R]
-        [--sqlite-mode wal|rollback|both]
+        [--sqlite-mode wal|rollback|both] [--concurrency N] [--long-task SECONDS]
 
 Each phase is a fresh database and a fresh worker process waiting for work:
 ``manage.py run_due_jobs --max-seconds …`` for this app, ``manage.py db_worker``
@@ -14,6 +14,9 @@ enqueue (one host, one clock), each enqueue at a random moment of the
 worker's wait. Medians over the rounds; the last line is the
 summary with the ratios (``--sqlite-mode both``: both journal modes in each
 round, a summary line for each).
+``--concurrency N``: this app's worker with N threads against one, interleaved.
+``--long-task S``: the latencies measured while a task of S seconds holds one
+of the worker's threads (the last line adds each worker's longest wait).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from bench.common import ROOT, drop_database, fresh_database, median, run_phase,
 
 
 def phase(
-    db: str, which: str, tasks: int, latency: int, sqlite_mode: str = "wal", concurrency: int = 1
+    db: str, which: str, tasks: int, latency: int, sqlite_mode: str = "wal", concurrency: int = 1, long_task: float = 0
 ) -> dict[str, float]:
     os.environ["BENCH_TASKS"] = which
     name = f"bench_tasks_{which}"
@@ -54,6 +57,9 @@ def phase(
         def last_finish() -> float:
             return JobRun.objects.aggregate(last=Max("ended_at"))["last"].timestamp()
 
+        def running() -> int:
+            return JobRun.objects.filter(status="running", lease_holder__isnull=False).count()
+
         command = ["run_due_jobs", "--max-seconds", "600", "--limit", "50", "--concurrency", str(concurrency)]
     else:
         from django_tasks_db.models import DBTaskResult
@@ -63,6 +69,9 @@ def phase(
 
         def last_finish() -> float:
             return DBTaskResult.objects.aggregate(last=Max("finished_at"))["last"].timestamp()
+
+        def running() -> int:
+            return DBTaskResult.objects.filter(status="RUNNING").count()
 
         command = ["db_worker"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -99,15 +108,24 @@ def phase(
         cpu_share = (cpu_ended - cpu_began) / cpu_wall
         waits = []
         phase_rng = random.Random(7)
-        for n in range(latency):
+        if long_task:
+            # The latencies measured while one task holds a thread of the worker (``--long-task``).
+            t.hold.enqueue(long_task)
+            while running() == 0:
+                time.sleep(0.02)
+        for _ in range(latency):
             # Each enqueue at a random moment of the worker's wait (a second is the peer's poll), as
             # work arrives in production; right after the previous task it would always find a
             # polling worker at the start of its sleep.
             time.sleep(phase_rng.uniform(0, 1.0))
             before = time.time()
             result = t.started_at.enqueue()
-            wait_for(2 + tasks + n)
-            result.refresh()
+            deadline = time.monotonic() + 600
+            while not result.is_finished:
+                if time.monotonic() > deadline or worker.poll() is not None:
+                    raise SystemExit(f"{which}: a latency task never finished")
+                time.sleep(0.02)
+                result.refresh()
             waits.append(result.return_value - before)
     finally:
         worker.terminate()
@@ -123,6 +141,7 @@ def phase(
     return {
         "tasks_per_s": per_second,
         "latency_p50_s": statistics.median(waits),
+        "latency_max_s": max(waits),
         "worker_cpu": round(cpu_share, 2),
         "machine_cpu": round(cores * busy / total, 2) if total else 0.0,
         "cores": cores,
@@ -166,13 +185,21 @@ def main() -> int:
         default=0,
         help="instead of the peer: this app's worker with --concurrency N against --concurrency 1, interleaved",
     )
+    parser.add_argument(
+        "--long-task",
+        type=float,
+        default=0,
+        help="the latencies measured while a task of this many seconds holds one of the worker's threads",
+    )
     parser.add_argument("--phase", choices=["ours", "peer"], help=argparse.SUPPRESS)
     parser.add_argument("--phase-concurrency", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.sqlite_mode == "both" and (args.phase or args.concurrency):
         parser.error("--sqlite-mode both compares this app with the peer: not with --concurrency")
     if args.phase:
-        figures = phase(args.db, args.phase, args.tasks, args.latency, args.sqlite_mode, args.phase_concurrency)
+        figures = phase(
+            args.db, args.phase, args.tasks, args.latency, args.sqlite_mode, args.phase_concurrency, args.long_task
+        )
         print(json.dumps(figures))
         return 0
     if args.concurrency:
@@ -186,6 +213,7 @@ def main() -> int:
         for mode in modes:
             for which in order:
                 sizes = ["--tasks", str(args.tasks), "--latency", str(args.latency), "--sqlite-mode", mode]
+                sizes += ["--long-task", str(args.long_task)]
                 figures = run_phase("tasks.py", "--db", args.db, "--phase", which, *sizes)
                 results.setdefault((mode, which), []).append(figures)
                 label = f" {mode}" if len(modes) > 1 else ""
@@ -209,13 +237,17 @@ def compare_concurrency(args: argparse.Namespace) -> int:
     """This app's worker driving N runs at once against one at a time, rounds interleaved."""
     rates: dict[int, list[float]] = {1: [], args.concurrency: []}
     busy: dict[int, list[float]] = {1: [], args.concurrency: []}
+    longest: dict[int, list[float]] = {1: [], args.concurrency: []}
     for round_ in range(args.rounds):
         order = [1, args.concurrency] if round_ % 2 == 0 else [args.concurrency, 1]
         for n in order:
-            sizes = ["--tasks", str(args.tasks), "--latency", "1", "--sqlite-mode", args.sqlite_mode]
+            latency = str(args.latency if args.long_task else 1)
+            sizes = ["--tasks", str(args.tasks), "--latency", latency, "--sqlite-mode", args.sqlite_mode]
+            sizes += ["--long-task", str(args.long_task)]
             figures = run_phase("tasks.py", "--db", args.db, "--phase", "ours", "--phase-concurrency", str(n), *sizes)
             rates[n].append(figures["tasks_per_s"])
             busy[n].append(figures["machine_cpu"])
+            longest[n].append(figures["latency_max_s"])
             print(f"round {round_ + 1} concurrency {n}: {json.dumps(figures)}", flush=True)
     one, many = median(rates[1]), median(rates[args.concurrency])
     cores = os.cpu_count() or 1
@@ -230,6 +262,12 @@ def compare_concurrency(args: argparse.Namespace) -> int:
         f"cores_busy_{args.concurrency}={median(busy[args.concurrency]):.2f} "
         f"cpu_ms_per_task_1={per_task[1]:.2f} cpu_ms_per_task_{args.concurrency}={per_task[args.concurrency]:.2f} "
         f"ratio_the_cores_allow={ceiling:.2f}"
+        + (
+            f" long_task_s={args.long_task:g} latency_max_s_1={median(longest[1]):.3f} "
+            f"latency_max_s_{args.concurrency}={median(longest[args.concurrency]):.3f}"
+            if args.long_task
+            else ""
+        )
     )
     return 0
 

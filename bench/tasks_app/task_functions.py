@@ -1,4 +1,4 @@
-"""The benchmark's tasks: a no-op, and one that returns when it started (for enqueue-to-start latency)."""
+"""The benchmark's tasks: a no-op, one that returns when it started (enqueue-to-start latency), a long one."""
 
 from __future__ import annotations
 
@@ -18,3 +18,9 @@ def noop() -> None:
 @task()
 def started_at() -> float:
     return time.time()
+
+
+@task()
+def hold(seconds: float) -> None:
+    """A long body (``--long-task``): the latencies are measured while it holds one of the worker's threads."""
+    time.sleep(seconds)
