@@ -114,12 +114,12 @@ def _drive(
 ) -> DriveReport:
     with Crew(options.concurrency) as crew:  # threads and their connections kept for the whole drive
         if options.budget is None:
-            _round_on_a_live_connection(report, options, deadline=None, traced=traced, crew=crew)
+            _round_on_a_live_connection(report, options, None, traced, crew)
             return report
         deadline = time.monotonic() + options.budget
         with notify.Waiter(stop, options.statement_bound) as waiter:
             while True:
-                worked = _round_on_a_live_connection(report, options, deadline, traced=traced, crew=crew)
+                worked = _round_on_a_live_connection(report, options, deadline, traced, crew, waiter)
                 if report.stopped or time.monotonic() >= deadline:
                     break
                 if not worked:
@@ -130,6 +130,8 @@ def _drive(
     return report
 
 
+#: How often a drive's own thread, while its threads work, looks for a NOTIFY to pass on (``_Drive._meanwhile``).
+HEAR_SECONDS = 0.05
 #: The claims this process holds now (every drive's, every thread's): what a signal's message counts.
 _in_flight: set[int] = set()
 
@@ -143,9 +145,9 @@ def _round_on_a_live_connection(
     report: DriveReport,
     options: DriveOptions,
     deadline: float | None,
-    *,
-    traced: telemetry.Traced | None = None,
+    traced: telemetry.Traced | None,
     crew: Crew,
+    waiter: notify.Waiter | None = None,
 ) -> bool:
     """One round; a connection lost under its due read is replaced and the read made again (D15).
 
@@ -160,7 +162,7 @@ def _round_on_a_live_connection(
         if attempt == 2 and deadline is not None and time.monotonic() >= deadline:
             break  # the budget is spent: no new connection begun past it
         try:
-            worked = _Drive(report, options, deadline, traced, crew).round()
+            worked = _Drive(report, options, deadline, traced, crew, waiter).round()
         except TRANSIENT as exc:
             if db.connection().in_atomic_block:
                 raise  # the caller's transaction owns the connection
@@ -190,8 +192,9 @@ class _Drive:
         deadline: float | None,
         traced: telemetry.Traced | None,
         crew: Crew,
+        waiter: notify.Waiter | None = None,
     ) -> None:
-        self.crew = crew
+        self.crew, self.waiter = crew, waiter
         self.report = report
         self.options = options
         self.deadline = deadline
@@ -221,12 +224,12 @@ class _Drive:
             # the tail of a long line does not expire unworked. The round's first runs, one for each
             # thread, are claimed together (one commit) and each thread starts one as it begins. The
             # crew's threads keep their connections for the drive (one per run, or per round, cost
-            # more than a no-op task's pass). Meanwhile this thread reads the database's clock again
-            # as its reading ages (a round may last as long as a task's body).
+            # more than a no-op task's pass).
             claim_together(self, line, threads)
+            hears = self.waiter is not None and self.waiter.listening()
             try:
-                meanwhile = lambda: db.read_clock_again(options.clock)  # noqa: E731
-                self.crew.run(lambda: self.work_in_thread(line), threads, meanwhile, db.CLOCK_REFRESH_SECONDS / 2)
+                every = HEAR_SECONDS if hears else db.CLOCK_REFRESH_SECONDS / 2
+                self.crew.run(lambda: self.work_in_thread(line), threads, lambda: self._meanwhile(line), every)
             finally:
                 for taken in line.unstarted():
                     give_back(taken.claim, self.release)
@@ -244,6 +247,12 @@ class _Drive:
         if self.options.concurrency == 1 or self.deadline is None:
             return None  # one thread: the next round is the same look; no budget: one look (D1)
         return line.look_for(self._due_now, self.stopping, notify.POLL_SECONDS)
+
+    def _meanwhile(self, line: Line) -> None:
+        """While the threads work: the clock read again as it ages, a NOTIFY passed on to threads waiting for work."""
+        db.read_clock_again(self.options.clock)
+        if self.waiter is not None and self.waiter.heard():
+            line.wake()
 
     def stopping(self) -> bool:
         """Whether to take no further run or pass: the stop signal is set, or the time budget spent."""

@@ -22,8 +22,9 @@ With ``--concurrency N`` a round's first runs, one for each of its threads, are
 claimed in one transaction (:func:`claim_together`: one commit, not N; on
 PostgreSQL one statement), and each thread starts one as it begins; the rest of
 the round is claimed as above. With a time budget, a thread that finds the
-line empty reads what is due again while the other threads go on
-(:meth:`Line.look_again`), so a round never waits for its slowest run.
+line empty reads what is due again while the other threads go on, and while
+one goes on (:meth:`Line.look_for`): a round never waits for its slowest run,
+nor a run started meanwhile for a long one.
 """
 
 from __future__ import annotations
@@ -136,7 +137,7 @@ class Line:
         self.wanted = wanted
         self.complete = wanted is not None and len(rows) < wanted
         self.read_at = time.monotonic()
-        #: A look failed, or a thread's drive raised: no other look this round (``end``).
+        #: A look failed, or a thread's drive raised: no other look this round (``wake``).
         self.broken = False
         #: Runs claimed together as the round began, each for a thread to start as it begins (D7).
         self.claimed: list[tuple[DueRow, Claimed]] = []
@@ -173,10 +174,8 @@ class Line:
     def look_again(self, look: Callable[[], list[DueRow]]) -> bool:
         """Whether ``look`` (the due read), made by this thread or the one looking, left runs to take now.
 
-        A thread that found the line empty looks again while the drive's other threads go on with
-        their runs: a round does not wait for its last run before it reads what is due. One thread
-        looks at a time; a thread that finds another looking waits for that look and takes what it
-        found. A look that fails ends the round as its runs end; the drive's next round reads again.
+        One thread looks at a time; a thread that finds another looking waits for that look and takes
+        what it found. A look that fails ends the round as its runs end; the drive's next round reads again.
         """
         looks = self.looks
         with self.looking:
@@ -187,13 +186,15 @@ class Line:
             except DatabaseError as exc:
                 logger.warning("the due read failed (%s); made again as the round ends", summary(exc))
                 db.replace_if_broken()
-                self.end()
+                self.wake(end=True)
                 return False
 
-    def end(self) -> None:
-        """No look again this round: the threads waiting for work end, the others as their runs end."""
+    def wake(self, end: bool = False) -> None:
+        """The threads waiting for work look again now (a NOTIFY came: a run may have started); with ``end``
+        they end, and no look is made again this round (a look failed, a thread's drive raised)."""
         with self.lock:
-            self.broken = True
+            self.broken = self.broken or end
+            self.read_at = float("-inf")
             self.changed.notify_all()
 
     def look_for(self, look: Callable[[], list[DueRow]], stopping: Callable[[], bool], every: float) -> DueRow | None:
@@ -214,7 +215,7 @@ class Line:
         A line whose last read found every run due then is read again no sooner than ``every`` after
         it: meanwhile the thread waits, as long as another thread's run goes on (a task's long body, a
         long pass), a run started meanwhile is taken by a thread that has none. The round is over when
-        no run of it is out and a look would find nothing new, or it was ended (``end``).
+        no run of it is out and a look would find nothing new, or it was ended (``wake``).
         """
         with self.changed:
             while not self.broken:
@@ -259,11 +260,8 @@ class Line:
             return taken
 
     def _plain_front(self) -> tuple[DueRow, Job] | None:
-        """The row at the front, taken with its slot reserved, if a plain claim can take it (lock held).
-
-        A plain claim: a row with no holder recorded (a takeover charges, by a
-        statement of its own), whose job is registered here.
-        """
+        """The front row, its slot reserved, if a plain claim can take it: no holder recorded (a takeover
+        charges, by a statement of its own) and its job registered here. Lock held."""
         row = self.pending[0] if self.pending else None
         job = lookup(row.module, row.job) if row is not None and row.holder is None else None
         if row is None or job is None or not self._reserve_held():
@@ -343,7 +341,7 @@ def drive_line(drive: Driver, line: Line) -> None:
         try:
             go_on, following = drive.handle(row, taken, line)
         except BaseException:
-            line.end()  # the threads waiting for work end, and the error ends the round
+            line.wake(end=True)  # the threads waiting for work end, and the error ends the round
             raise
         line.ended(row)
         if not go_on:

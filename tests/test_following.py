@@ -12,7 +12,7 @@ from django.db import connection
 from django_jobruns import run_due_jobs, start_job_run
 from django_jobruns.drive import drive_run
 from django_jobruns.models import JobAttempt, JobRun, Status
-from tests.conftest import wait_until
+from tests.conftest import is_postgres, wait_until
 from tests.test_costs import _counting_commits
 
 
@@ -585,3 +585,31 @@ def test_a_body_that_exits_in_a_thread_ends_the_round_at_once_with_threads_waiti
     assert not driving.is_alive() and len(raised) == 1
     assert isinstance(raised[0], SystemExit) and raised[0].code == 4
     assert JobRun.objects.get().last_error.startswith("SystemExit: 4")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_notify_wakes_a_thread_waiting_for_work_while_a_long_run_goes_on(behaviour, monkeypatch):
+    """On PostgreSQL a start's NOTIFY reaches a thread of the round that has no run, not only the drive's wait."""
+    if not is_postgres():
+        pytest.skip("NOTIFY is PostgreSQL's")
+    from django_jobruns.store import notify
+
+    monkeypatch.setattr(notify, "POLL_SECONDS", 60.0)  # no look again but for the NOTIFY
+    later_ran, stop = threading.Event(), threading.Event()
+    waited: list[bool] = []
+
+    def long(p: Any) -> dict[str, Any]:
+        start_job_run("tests.scripted", instance="later")
+        waited.append(later_ran.wait(timeout=20))
+        stop.set()
+        return {"done": True}
+
+    def later(p: Any) -> dict[str, Any]:
+        later_ran.set()
+        return {"done": True}
+
+    behaviour.update({"a-long": long, "later": later})
+    start_job_run("tests.scripted", instance="a-long")
+    report = run_due_jobs(concurrency=2, limit=2, max_seconds=120, stop=stop)
+    assert waited == [True]
+    assert report.completed == 2

@@ -147,19 +147,28 @@ class Waiter:
     def stopped(self) -> bool:
         return self.stop is not None and bool(self.stop.is_set())
 
+    def listening(self) -> bool:
+        """Whether a NOTIFY can reach this drive (PostgreSQL's LISTEN, heard by its probe)."""
+        return self.raw is not None
+
+    def heard(self) -> bool:
+        """Whether a NOTIFY arrived since the last look, without waiting (all of them taken: one look answers all)."""
+        if self.raw is None:
+            return False
+        try:
+            return bool(list(self.raw.notifies(timeout=0)))
+        except Exception:  # the driver's own error: the connection broke; poll from here on
+            logger.warning("lost the LISTEN connection; polling instead", exc_info=True)
+            self.raw = None
+            return False
+
     def wait(self, deadline: float) -> None:
         """Return when work may have arrived, the stop signal is set, a poll interval passed, or ``deadline``."""
         self._listen()
         interval = LISTEN_POLL_SECONDS if self.raw is not None else POLL_SECONDS
         end = min(deadline, time.monotonic() + interval)
-        if self.raw is not None:
-            try:
-                # What arrived while the drive worked (all of it: one look at the due runs answers them all).
-                if list(self.raw.notifies(timeout=0)):
-                    return
-            except Exception:
-                logger.warning("lost the LISTEN connection; polling instead", exc_info=True)
-                self.raw = None
+        if self.heard():
+            return  # what arrived while the drive worked
         while not self.woken.is_set() and not self.stopped():
             remaining = end - time.monotonic()
             if remaining <= 0:
