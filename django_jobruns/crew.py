@@ -45,14 +45,17 @@ class Crew:
 
         While they work, the calling thread runs ``meanwhile`` every ``every`` seconds. The first
         error any of them raised is raised here, after all have ended (none is left running into
-        the next round).
+        the next round); so is an error of ``meanwhile``, after all have ended.
         """
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=self.size, thread_name_prefix="jobruns")
         futures = [self._pool.submit(self._in_thread, work) for _ in range(min(threads, self.size))]
-        while wait(futures, timeout=every if meanwhile is not None else None).not_done:
-            if meanwhile is not None:
-                meanwhile()
+        try:
+            while wait(futures, timeout=every if meanwhile is not None else None).not_done:
+                if meanwhile is not None:
+                    meanwhile()
+        finally:
+            wait(futures)
         for future in futures:
             future.result()
 
