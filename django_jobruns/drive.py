@@ -216,7 +216,7 @@ class _Drive:
         line = Line(self._due_now(), options.limit, self.wanted)
         # With a time budget every thread starts, so that a run started while the round's runs go on
         # is taken by a thread that has none (``look_again``); a single pass takes what it read.
-        threads = min(options.concurrency, len(line.pending) if self.deadline is None else options.concurrency)
+        threads = options.concurrency if self.deadline is not None else min(options.concurrency, len(line.pending))
         if threads <= 1 or not line.pending:
             drive_line(self, line)
         else:

@@ -171,8 +171,9 @@ class Line:
             if not self.out:
                 self.changed.notify_all()  # threads waiting for work: the round is over
 
-    def look_again(self, look: Callable[[], list[DueRow]]) -> bool:
-        """Whether ``look`` (the due read), made by this thread or the one looking, left runs to take now.
+    def look_again(self, look: Callable[[], list[DueRow]]) -> None:
+        """``look`` (the due read) made, and what it found put in the line (``refill``); or, if another thread
+        looked meanwhile, its look taken instead.
 
         One thread looks at a time; a thread that finds another looking waits for that look and takes
         what it found. A look that fails ends the round as its runs end; the drive's next round reads again.
@@ -180,14 +181,13 @@ class Line:
         looks = self.looks
         with self.looking:
             if self.looks != looks:
-                return bool(self.pending)  # another thread looked meanwhile
+                return  # another thread looked meanwhile
             try:
-                return self.refill(look())
+                self.refill(look())
             except DatabaseError as exc:
                 logger.warning("the due read failed (%s); made again as the round ends", summary(exc))
                 db.replace_if_broken()
                 self.wake(end=True)
-                return False
 
     def wake(self, end: bool = False) -> None:
         """The threads waiting for work look again now (a NOTIFY came: a run may have started); with ``end``
@@ -229,8 +229,8 @@ class Line:
                 self.changed.wait(wait)
             return False
 
-    def refill(self, rows: list[DueRow]) -> bool:
-        """A look found ``rows``: they are the line now, less those taken; False if it found nothing to take.
+    def refill(self, rows: list[DueRow]) -> None:
+        """A look found ``rows``: they are the line now, less those taken, unless it found nothing new.
 
         The line's ``limit`` slots are given anew, as for a round.
         """
@@ -240,13 +240,12 @@ class Line:
             known = self.out.union(row.id for row in self.pending)
             if not self.pending and all(row.id in known for row in rows):
                 self.complete = True  # nothing new: the next look waits for runs to start (``worth_looking``)
-                return False
+                return
             self.complete = self.wanted is not None and len(rows) < self.wanted
             self.pending = [row for row in rows if row.id not in self.out]
             self.slots = self.limit
             self.shuffled = False
             self.changed.notify_all()
-            return True
 
     def leading(self, count: int) -> list[tuple[DueRow, Job]]:
         """Up to ``count`` rows from the front of the line to claim together, their slots reserved.

@@ -442,9 +442,9 @@ def test_a_look_again_passes_over_a_run_another_thread_is_claiming_with_its_comm
             looked.wait(timeout=20)  # while the other thread, its line empty, looks again
         return chosen
 
-    def refill(self: Line, rows: list[Any]) -> bool:
+    def refill(self: Line, rows: list[Any]) -> None:
         try:
-            return real_refill(self, rows)
+            real_refill(self, rows)
         finally:
             looked.set()
 
