@@ -29,7 +29,10 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -84,14 +87,21 @@ def phase(
     )
     try:
 
-        def wait_for(count: int, limit: float = 600) -> None:
+        def until(done: Callable[[], bool], what: Callable[[], str], limit: float = 600) -> None:
             deadline = time.monotonic() + limit
-            while finished() < count:
+            while not done():
                 if time.monotonic() > deadline or worker.poll() is not None:
-                    raise SystemExit(f"{which}: {finished()} of {count} tasks finished")
+                    raise SystemExit(f"{which}: {what()}")
                 # Not a tight loop: on a machine of two cores, a poll every few milliseconds takes
                 # processor time from the worker and the database it measures.
                 time.sleep(0.02)
+
+        def wait_for(count: int) -> None:
+            until(lambda: finished() >= count, lambda: f"{finished()} of {count} tasks finished")
+
+        def finished_now(result: Any) -> bool:
+            result.refresh()
+            return bool(result.is_finished)
 
         t.noop.enqueue()  # the worker is up and waiting once this one has run
         wait_for(1)
@@ -111,8 +121,7 @@ def phase(
         if long_task:
             # The latencies measured while one task holds a thread of the worker (``--long-task``).
             t.hold.enqueue(long_task)
-            while running() == 0:
-                time.sleep(0.02)
+            until(lambda: running() > 0, lambda: "the long task never started")
         for _ in range(latency):
             # Each enqueue at a random moment of the worker's wait (a second is the peer's poll), as
             # work arrives in production; right after the previous task it would always find a
@@ -120,12 +129,7 @@ def phase(
             time.sleep(phase_rng.uniform(0, 1.0))
             before = time.time()
             result = t.started_at.enqueue()
-            deadline = time.monotonic() + 600
-            while not result.is_finished:
-                if time.monotonic() > deadline or worker.poll() is not None:
-                    raise SystemExit(f"{which}: a latency task never finished")
-                time.sleep(0.02)
-                result.refresh()
+            until(partial(finished_now, result), lambda: "a latency task never finished")
             waits.append(result.return_value - before)
     finally:
         worker.terminate()
