@@ -191,8 +191,10 @@ class JobRunsBackend(BaseTaskBackend):  # type: ignore[misc]
         attempts = list(JobAttempt.objects.using(db.alias()).filter(run_id=run.id).order_by("number", "id"))
         return self._result(run, task_of(run, self.alias), attempts)
 
-    def _result(self, run: Any, task: Task, attempts: list[Any], payload: TaskPayload | None = None) -> TaskResult:
-        return build_result(run, task, attempts, self.alias, payload)
+    def _result(
+        self, run: Any, task: Task, attempts: list[Any], payload: TaskPayload | None = None, status: Any = None
+    ) -> TaskResult:
+        return build_result(run, task, attempts, self.alias, payload, status)
 
     # -- checks ----------------------------------------------------------------
 
@@ -310,8 +312,8 @@ def _run_task(p: Any) -> dict[str, Any]:
             attempts = list(JobAttempt.objects.using(db.alias()).filter(run_id=run_id).order_by("number", "id"))
         else:
             attempts = [_InFlight(holder=p.holder, started_at=attempt.began)]
-        result = backend._result(p._row, task_of(p._row, alias, payload, task), attempts, payload)
-        object.__setattr__(result, "status", TaskResultStatus.RUNNING)
+        task_in_flight = task_of(p._row, alias, payload, task)
+        result = backend._result(p._row, task_in_flight, attempts, payload, TaskResultStatus.RUNNING)
         task_started.send(sender, task_result=result)
     args, kwargs = list(payload.args), dict(payload.kwargs)
     token = _current_pass.set(p)
@@ -392,12 +394,9 @@ class _Attempt:
             traceback_text = "".join(traceback.format_exception(exc))
         from .store.rows import Rider  # the models' module: not imported with the backend (jobruns.E010)
 
-        q, wrapper = _quoted()
+        wrapper = db.connection()
         now = wrapper.ops.adapt_datetimefield_value(db.now())
-        end = (
-            f"UPDATE {q(_attempt_table())} SET {q('ended_at')} = %s, {q('error_class')} = %s, "
-            f"{q('traceback')} = %s WHERE {q('run_id')} = %s AND {q('number')} = %s AND {q('ended_at')} IS NULL"
-        )
+        end = _AttemptTexts.of(wrapper).end
         self.claim.ride(Rider.if_held(end, [now, error, traceback_text, self.run_id, self.number]))
         if finished is not None:
             self.claim.after_written.append(finished)
@@ -408,15 +407,49 @@ class _Attempt:
         self.claim.never_started()
 
 
-def _quoted() -> tuple[Callable[[str], str], Any]:
-    wrapper = db.connection()
-    return wrapper.ops.quote_name, wrapper
+class _AttemptTexts(NamedTuple):
+    """The statements that keep a task's attempt records, in one database's quoting (written once per vendor)."""
+
+    #: The record begun, from the run's row as its claim left it (its number is the run's attempts then).
+    begin: str
+    #: The same, from a claim's ``{run}`` rows, where the claim's statement joins it.
+    begin_joined: str
+    #: A begun record removed: the claim it rode on did not hold.
+    undo: str
+    #: The record ended, with the pass's ending write.
+    end: str
+
+    @staticmethod
+    def of(wrapper: Any) -> _AttemptTexts:
+        texts = _attempt_texts.get(wrapper.vendor)
+        if texts is None:
+            texts = _attempt_texts[wrapper.vendor] = _AttemptTexts.quoted(wrapper.ops.quote_name)
+        return texts
+
+    @staticmethod
+    def quoted(q: Callable[[str], str]) -> _AttemptTexts:
+        from .models import JobAttempt, JobRun
+
+        table, runs = q(JobAttempt._meta.db_table), q(JobRun._meta.db_table)
+        insert = (
+            f"INSERT INTO {table} ({q('run_id')}, {q('number')}, {q('holder')}, {q('started_at')}) "
+            f"SELECT {q('id')}, {q('attempts')} + 1, %s, %s FROM "
+        )
+        return _AttemptTexts(
+            begin=f"{insert}{runs} WHERE {q('id')} = %s AND {q('lease_fence')} = %s",
+            begin_joined=f"{insert}{{run}}",
+            undo=(
+                f"DELETE FROM {table} WHERE {q('run_id')} = %s AND {q('holder')} = %s AND {q('started_at')} = %s "
+                f"AND {q('ended_at')} IS NULL"
+            ),
+            end=(
+                f"UPDATE {table} SET {q('ended_at')} = %s, {q('error_class')} = %s, {q('traceback')} = %s "
+                f"WHERE {q('run_id')} = %s AND {q('number')} = %s AND {q('ended_at')} IS NULL"
+            ),
+        )
 
 
-def _attempt_table() -> str:
-    from .models import JobAttempt
-
-    return JobAttempt._meta.db_table
+_attempt_texts: dict[str, _AttemptTexts] = {}
 
 
 def begin_attempt(run_id: str, fence: int, holder: str, now: datetime) -> tuple[Statements, Statements]:
@@ -425,23 +458,10 @@ def begin_attempt(run_id: str, fence: int, holder: str, now: datetime) -> tuple[
     The attempt's number is the run's attempts after the claim plus one (a takeover's charge counted),
     as the pass's ``attempt`` is.
     """
-    from .models import JobRun
     from .store.rows import Rider
 
-    q, wrapper = _quoted()
+    wrapper = db.connection()
     at = wrapper.ops.adapt_datetimefield_value(now)
-    table, runs = q(_attempt_table()), q(JobRun._meta.db_table)
-    insert = (
-        f"INSERT INTO {table} ({q('run_id')}, {q('number')}, {q('holder')}, {q('started_at')}) "
-        f"SELECT {q('id')}, {q('attempts')} + 1, %s, %s FROM "
-    )
-    begin = Rider(
-        f"{insert}{runs} WHERE {q('id')} = %s AND {q('lease_fence')} = %s",
-        [holder, at, run_id, fence],
-        joined=(f"{insert}{{run}}", [holder, at]),
-    )
-    undo = (
-        f"DELETE FROM {table} WHERE {q('run_id')} = %s AND {q('holder')} = %s AND {q('started_at')} = %s "
-        f"AND {q('ended_at')} IS NULL"
-    )
-    return [begin], [Rider.if_held(undo, [run_id, holder, at])]
+    texts = _AttemptTexts.of(wrapper)
+    begin = Rider(texts.begin, [holder, at, run_id, fence], joined=(texts.begin_joined, [holder, at]))
+    return [begin], [Rider.if_held(texts.undo, [run_id, holder, at])]

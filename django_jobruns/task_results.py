@@ -100,15 +100,18 @@ def _json_form(value: Any) -> Any:
     return json.loads(json.dumps(normalize_json(value), allow_nan=False))
 
 
-def build_result(run: Any, task: Task, attempts: list[Any], alias: str, payload: TaskPayload | None = None) -> Any:
+def build_result(
+    run: Any, task: Task, attempts: list[Any], alias: str, payload: TaskPayload | None = None, status: Any = None
+) -> Any:
     """A task run as Django's framework reports it: status, errors (never none when FAILED), attempts, value.
 
-    ``payload``: the run's, where the caller has decoded it already.
+    ``payload``: the run's, where the caller has decoded it already; ``status``: the one it reads, where the
+    caller knows it (a worker's own task in flight is ``RUNNING``).
     """
     from .models import Status
 
     payload = TaskPayload.of(run.payload_value) if payload is None else payload
-    status = _status(run)
+    status = _status(run) if status is None else status
     finished = run.status != Status.RUNNING
     errors = []
     for index, a in enumerate(attempts):
@@ -200,4 +203,6 @@ def task_of(run: Any, alias: str, payload: TaskPayload | None = None, found: Any
     queue_name = run.queue_name or found.queue_name
     if alias in task_backends and alias != found.backend:
         return found.using(backend=alias, priority=run.priority, queue_name=queue_name, run_after=run_after)
+    if (found.priority, found.queue_name) == (run.priority, queue_name) and run_after in (None, found.run_after):
+        return found  # as enqueued with its own defaults (most tasks): ``using`` would copy and validate it again
     return found.using(priority=run.priority, queue_name=queue_name, run_after=run_after)
