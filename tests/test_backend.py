@@ -140,6 +140,34 @@ def test_signals_started_and_finished_are_sent_by_the_drive():
     assert default_task_backend.get_result(result.id).return_value == 5
 
 
+def test_a_task_starts_running_as_it_was_enqueued_with_its_own_priority_or_the_one_given():
+    """The result a ``task_started`` receiver gets reads RUNNING and the task as enqueued: ``using``'s
+    priority where one was given, the task itself where nothing was."""
+    seen = []
+
+    def receiver(sender, task_result, **kwargs):
+        task = task_result.task
+        seen.append((task_result.id, task_result.status, task.priority, task.queue_name, task.func))
+
+    task_started.connect(receiver)
+    try:
+        plain = t.add.enqueue(1, 2)
+        urgent = t.add.using(priority=7).enqueue(3, 4)
+        mailed = t.add.using(queue_name="emails", priority=-3).enqueue(5, 6)
+        run_due_jobs()
+    finally:
+        task_started.disconnect(receiver)
+    running = TaskResultStatus.RUNNING
+    assert seen == [  # the higher priority first
+        (urgent.id, running, 7, t.add.queue_name, t.add.func),
+        (plain.id, running, t.add.priority, t.add.queue_name, t.add.func),
+        (mailed.id, running, -3, "emails", t.add.func),
+    ]
+    assert default_task_backend.get_result(plain.id).task == t.add
+    assert default_task_backend.get_result(urgent.id).task == t.add.using(priority=7)
+    assert default_task_backend.get_result(mailed.id).task == t.add.using(queue_name="emails", priority=-3)
+
+
 def test_a_failing_task_is_retried_by_the_policy_and_fails_with_its_own_errors():
     result = t.failing_value_error.enqueue()
     for _ in range(5):

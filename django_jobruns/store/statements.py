@@ -32,6 +32,8 @@ RUN_FIELDS = (
     "paused_at",
     "started_at",
     "trace_context",
+    "queue_name",
+    "priority",
 )
 
 #: Of :data:`RUN_FIELDS`, the datetimes (as the model says), and their places in a claim's row.
