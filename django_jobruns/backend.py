@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextvars
 import logging
 import re
-import traceback
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from inspect import iscoroutinefunction
@@ -25,9 +24,10 @@ from django.db import transaction
 from django.utils.module_loading import import_string
 
 from . import conf, db, telemetry
+from .attempts import Attempt, begin_attempt
 from .conf import duration
 from .exceptions import GiveUp, TaskNotImportable, TaskValueUnstorable
-from .registry import Job, Statements, add, lookup
+from .registry import Job, add, lookup
 from .retry import RetryPolicy
 from .task_results import (
     BaseTaskBackend,
@@ -292,9 +292,9 @@ def _run_task(p: Any) -> dict[str, Any]:
     except (ImportError, ValueError) as exc:
         # A rolling deploy: newer code enqueued it, this worker runs older code. Not a failure of the
         # task: stepped over and named, and a worker that can import it runs it.
-        _Attempt(p).never_started()
+        Attempt(p).never_started()
         raise TaskNotImportable(f"the task {path!r} cannot be imported here ({exc})") from None
-    attempt = _Attempt(p)
+    attempt = Attempt(p)
     if not isinstance(task, Task):
         error = TypeError(f"{path!r} is not a task (decorate it with @task)")
         attempt.end(error)
@@ -367,101 +367,3 @@ class _InFlight(NamedTuple):
     ended_at: datetime | None = None
     error_class: str | None = None
     traceback: str | None = None
-
-
-class _Attempt:
-    """A task run's attempt record: begun in the claim's transaction, ended in the pass's ending write's.
-
-    So a task costs two commits (the claim, the pass's commit), and a worker whose run was taken over
-    adds nothing to the record of the one that took it: both ride on fenced writes
-    (:meth:`~django_jobruns.claims.Claim.ride`), which write them only while the fence is the claim's.
-    """
-
-    def __init__(self, p: Any) -> None:
-        self.claim = p._claim
-        self.run_id, self.number = p.run.id, p.attempt
-        self.began = self.claim.taken_at or db.now()
-        self.ended = False
-
-    def end(self, exc: BaseException | None, finished: Callable[[], None] | None = None) -> None:
-        """Record how the attempt ended, with the pass's ending write; ``finished`` once that held."""
-        if self.ended:
-            return
-        self.ended = True
-        error = traceback_text = None
-        if exc is not None:
-            error = f"{type(exc).__module__}.{type(exc).__qualname__}"
-            traceback_text = "".join(traceback.format_exception(exc))
-        from .store.rows import Rider  # the models' module: not imported with the backend (jobruns.E010)
-
-        wrapper = db.connection()
-        now = wrapper.ops.adapt_datetimefield_value(db.now())
-        end = _AttemptTexts.of(wrapper).end
-        self.claim.ride(Rider.if_held(end, [now, error, traceback_text, self.run_id, self.number]))
-        if finished is not None:
-            self.claim.after_written.append(finished)
-
-    def never_started(self) -> None:
-        """The task was not run here (it cannot be imported): the record begun with the claim is removed."""
-        self.ended = True
-        self.claim.never_started()
-
-
-class _AttemptTexts(NamedTuple):
-    """The statements that keep a task's attempt records, in one database's quoting (written once per vendor)."""
-
-    #: The record begun, from the run's row as its claim left it (its number is the run's attempts then).
-    begin: str
-    #: The same, from a claim's ``{run}`` rows, where the claim's statement joins it.
-    begin_joined: str
-    #: A begun record removed: the claim it rode on did not hold.
-    undo: str
-    #: The record ended, with the pass's ending write.
-    end: str
-
-    @staticmethod
-    def of(wrapper: Any) -> _AttemptTexts:
-        texts = _attempt_texts.get(wrapper.vendor)
-        if texts is None:
-            texts = _attempt_texts[wrapper.vendor] = _AttemptTexts.quoted(wrapper.ops.quote_name)
-        return texts
-
-    @staticmethod
-    def quoted(q: Callable[[str], str]) -> _AttemptTexts:
-        from .models import JobAttempt, JobRun
-
-        table, runs = q(JobAttempt._meta.db_table), q(JobRun._meta.db_table)
-        insert = (
-            f"INSERT INTO {table} ({q('run_id')}, {q('number')}, {q('holder')}, {q('started_at')}) "
-            f"SELECT {q('id')}, {q('attempts')} + 1, %s, %s FROM "
-        )
-        return _AttemptTexts(
-            begin=f"{insert}{runs} WHERE {q('id')} = %s AND {q('lease_fence')} = %s",
-            begin_joined=f"{insert}{{run}}",
-            undo=(
-                f"DELETE FROM {table} WHERE {q('run_id')} = %s AND {q('holder')} = %s AND {q('started_at')} = %s "
-                f"AND {q('ended_at')} IS NULL"
-            ),
-            end=(
-                f"UPDATE {table} SET {q('ended_at')} = %s, {q('error_class')} = %s, {q('traceback')} = %s "
-                f"WHERE {q('run_id')} = %s AND {q('number')} = %s AND {q('ended_at')} IS NULL"
-            ),
-        )
-
-
-_attempt_texts: dict[str, _AttemptTexts] = {}
-
-
-def begin_attempt(run_id: str, fence: int, holder: str, now: datetime) -> tuple[Statements, Statements]:
-    """What a task job writes with each claim (its ``on_claim``): the attempt record begun, and its undoing.
-
-    The attempt's number is the run's attempts after the claim plus one (a takeover's charge counted),
-    as the pass's ``attempt`` is.
-    """
-    from .store.rows import Rider
-
-    wrapper = db.connection()
-    at = wrapper.ops.adapt_datetimefield_value(now)
-    texts = _AttemptTexts.of(wrapper)
-    begin = Rider(texts.begin, [holder, at, run_id, fence], joined=(texts.begin_joined, [holder, at]))
-    return [begin], [Rider.if_held(texts.undo, [run_id, holder, at])]
