@@ -10,10 +10,15 @@ from __future__ import annotations
 import traceback
 from collections.abc import Callable
 from datetime import datetime
+from functools import partial
 from typing import Any, NamedTuple
 
 from . import db
 from .registry import Statements
+
+#: What an attempt's end is reported to once its record is written: the error's class path and
+#: traceback (``None`` for a success) and when it ended (``task_finished``).
+Finished = Callable[[str | None, str | None, datetime], None]
 
 
 class Attempt:
@@ -30,8 +35,9 @@ class Attempt:
         self.began = self.claim.taken_at or db.now()
         self.ended = False
 
-    def end(self, exc: BaseException | None, finished: Callable[[], None] | None = None) -> None:
-        """Record how the attempt ended, with the pass's ending write; ``finished`` once that held."""
+    def end(self, exc: BaseException | None, finished: Finished | None = None) -> None:
+        """Record how the attempt ended, with the pass's ending write; ``finished`` once that held, given
+        what the record holds: the error's class and traceback (``None`` for a success) and the end."""
         if self.ended:
             return
         self.ended = True
@@ -42,11 +48,12 @@ class Attempt:
         from .store.rows import Rider  # the models' module: not imported with the backend (jobruns.E010)
 
         wrapper = db.connection()
-        now = wrapper.ops.adapt_datetimefield_value(db.now())
+        ended_at = db.now()
+        now = wrapper.ops.adapt_datetimefield_value(ended_at)
         end = AttemptTexts.of(wrapper).end
         self.claim.ride(Rider.if_held(end, [now, error, traceback_text, self.run_id, self.number]))
         if finished is not None:
-            self.claim.after_written.append(finished)
+            self.claim.after_written.append(partial(finished, error, traceback_text, ended_at))
 
     def never_started(self) -> None:
         """The task was not run here (it cannot be imported): the record begun with the claim is removed."""

@@ -24,7 +24,7 @@ from django.db import transaction
 from django.utils.module_loading import import_string
 
 from . import conf, db, telemetry
-from .attempts import Attempt, begin_attempt
+from .attempts import Attempt, Finished, begin_attempt
 from .conf import duration
 from .exceptions import GiveUp, TaskNotImportable, TaskValueUnstorable
 from .registry import Job, add, lookup
@@ -345,13 +345,20 @@ def _run_task(p: Any) -> dict[str, Any]:
     return {"cursor": value, "done": True}
 
 
-def _finished(sender: Any, result: Any, status: Any, value: Any = None) -> Callable[[], None] | None:
-    """``task_finished`` for ``result``, sent once the pass's ending write held (a lost claim signals nothing)."""
+def _finished(sender: Any, result: Any, status: Any, value: Any = None) -> Finished | None:
+    """``task_finished`` for ``result``, sent once the pass's ending write held (a lost claim signals nothing).
+
+    As Django's own backends send it: ``finished_at`` the attempt's end and, when it failed, its error
+    among ``errors`` (as the attempt's record stores it).
+    """
     if result is None:
         return None
 
-    def send() -> None:
+    def send(error_class: str | None, traceback: str | None, ended_at: datetime) -> None:
         object.__setattr__(result, "status", status)
+        object.__setattr__(result, "finished_at", ended_at)
+        if error_class is not None:
+            result.errors.append(TaskError(exception_class_path=error_class, traceback=traceback or ""))
         if status == TaskResultStatus.SUCCESSFUL:
             object.__setattr__(result, "_return_value", value)
         task_finished.send(sender, task_result=result)

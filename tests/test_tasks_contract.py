@@ -113,6 +113,39 @@ def test_using_another_alias_keeps_the_task_context_and_its_retry_policy():
     assert result.return_value == {"attempt": 1, "backend": "once"}
 
 
+def finished_as_signalled(enqueue: Any) -> list[Any]:
+    """What ``task_finished`` receivers got while ``enqueue`` ran: status, end, errors, value."""
+    seen: list[Any] = []
+
+    def receiver(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        successful = task_result.status == TaskResultStatus.SUCCESSFUL
+        errors = [(e.exception_class_path, e.traceback.strip().splitlines()[-1]) for e in task_result.errors]
+        seen.append(
+            (task_result.status, task_result.finished_at is not None, errors, successful and task_result.return_value)
+        )
+
+    _signals.task_finished.connect(receiver, weak=False, dispatch_uid="finished-as-signalled")
+    try:
+        enqueue()
+    finally:
+        _signals.task_finished.disconnect(dispatch_uid="finished-as-signalled")
+    return seen
+
+
+@pytest.mark.parametrize("task, args", [(t.failing_value_error, ()), (t.add, (2, 3))], ids=["failed", "successful"])
+def test_task_finished_carries_the_end_and_the_error_as_djangos_own_backend_sends_them(task, args):
+    """A receiver of ``task_finished`` (error reporting, metrics) reads the attempt's end and, when it
+    failed, its error, as ImmediateBackend gives them; ``once``: one attempt, so one signal."""
+
+    def ours() -> None:
+        task.using(backend="once").enqueue(*args)
+        run_due_jobs()
+
+    theirs = finished_as_signalled(lambda: task.using(backend="reference").enqueue(*args))
+    assert finished_as_signalled(ours) == theirs
+    assert theirs and theirs[0][1], "the reference's own result"
+
+
 def test_a_worker_that_lost_its_lease_records_and_signals_nothing():
     finished: list[Any] = []
 
