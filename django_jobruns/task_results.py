@@ -201,8 +201,8 @@ def task_of(run: Any, alias: str, payload: TaskPayload | None = None, found: Any
         found = Task(func=_unimportable, backend=alias)
     run_after = parse_datetime(payload.run_after) if payload.run_after else None
     queue_name = run.queue_name or found.queue_name
-    if alias in task_backends and alias != found.backend:
-        return found.using(backend=alias, priority=run.priority, queue_name=queue_name, run_after=run_after)
-    if (found.priority, found.queue_name) == (run.priority, queue_name) and run_after in (None, found.run_after):
+    backend = alias if alias in task_backends and alias != found.backend else None
+    same = (found.priority, found.queue_name) == (run.priority, queue_name) and run_after in (None, found.run_after)
+    if backend is None and same:
         return found  # as enqueued with its own defaults (most tasks): ``using`` would copy and validate it again
-    return found.using(priority=run.priority, queue_name=queue_name, run_after=run_after)
+    return found.using(backend=backend, priority=run.priority, queue_name=queue_name, run_after=run_after)
