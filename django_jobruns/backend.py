@@ -43,6 +43,7 @@ from .task_results import (
     task_of,
     task_started,
 )
+from .task_results import InvalidTask as InvalidTask
 from .task_results import TaskError as TaskError
 from .task_results import TaskResultDoesNotExist as TaskResultDoesNotExist
 from .task_results import TaskResultStatus as TaskResultStatus
@@ -124,6 +125,14 @@ class JobRunsBackend(BaseTaskBackend):  # type: ignore[misc]
 
     # -- enqueue ---------------------------------------------------------------
 
+    def validate_task(self, task: Task) -> None:
+        """Django's validation, first refusing a ``run_after`` that is not a datetime."""
+        if task.run_after is not None and not isinstance(task.run_after, datetime):
+            raise InvalidTask(
+                f"run_after must be an aware datetime, not {type(task.run_after).__name__}: {task.run_after!r:.80}"
+            )
+        super().validate_task(task)
+
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         self.validate_task(task)
         values = []
@@ -131,9 +140,10 @@ class JobRunsBackend(BaseTaskBackend):  # type: ignore[misc]
             try:
                 values.append(_json_form(value))  # normalized as Django's own backends do
             except (TypeError, ValueError, RecursionError) as exc:
-                raise TypeError(
-                    f"the task's {name} must be JSON ({exc}): {task.module_path} was not enqueued"
-                ) from None
+                # The class Django's own refusal raises (a ValueError for bytes that are not text), so code
+                # that catches it catches this; a structure nested past the recursion limit is a TypeError.
+                refused = type(exc) if isinstance(exc, (TypeError, ValueError)) else TypeError
+                raise refused(f"the task's {name} must be JSON ({exc}): {task.module_path} was not enqueued") from None
         args, kwargs = values
         payload = TaskPayload(
             task=task.module_path,

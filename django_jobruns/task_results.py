@@ -87,6 +87,8 @@ TaskContext: Any = _base.TaskContext
 TaskError: Any = _base.TaskError
 TaskResult: Any = _base.TaskResult
 TaskResultStatus: Any = _base.TaskResultStatus
+#: What Django's validation of a task raises (the backport names it ``InvalidTaskError``).
+InvalidTask: Any = getattr(_exceptions, "InvalidTask", None) or _exceptions.InvalidTaskError
 #: What ``get_result`` raises for an id that is not a task run of this backend.
 TaskResultDoesNotExist: Any = _exceptions.TaskResultDoesNotExist
 task_enqueued: Any = _signals.task_enqueued

@@ -29,6 +29,9 @@ from tests.support import task_functions as t
 _framework = importlib.import_module("django.tasks" if importlib.util.find_spec("django.tasks") else "django_tasks")
 task_backends: Any = _framework.task_backends
 _signals: Any = importlib.import_module(f"{_framework.__name__}.signals")
+_exceptions: Any = importlib.import_module(f"{_framework.__name__}.exceptions")
+#: Django 6 names it InvalidTask; the backport InvalidTaskError.
+InvalidTask: Any = getattr(_exceptions, "InvalidTask", None) or _exceptions.InvalidTaskError
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -84,6 +87,31 @@ def test_arguments_are_normalized_as_django_does_and_refused_where_it_refuses():
     with pytest.raises(TypeError, match="must be JSON"):
         t.noop_task.enqueue({1, 2})
     assert JobRun.objects.filter(module=TASKS_MODULE).count() == 1
+
+
+@pytest.mark.parametrize("value", [b"\xff", {(1, 2): "a tuple key"}, float("nan")], ids=["bytes", "key", "nan"])
+def test_an_argument_is_refused_with_the_class_of_error_django_raises_and_nothing_is_written(value):
+    """The class of error Django's own refusal raises, so code that catches one catches the other.
+
+    nan: Django's accepts it, but it has no JSON form.
+    """
+    try:
+        reference(t.noop_task, value)
+    except (TypeError, ValueError) as exc:
+        expected: type[Exception] = type(exc)
+    else:
+        expected = ValueError  # json's own error for a float JSON cannot hold
+    with pytest.raises(expected, match="must be JSON") as refused:
+        t.noop_task.enqueue(value)
+    assert type(refused.value) is expected
+    assert not JobRun.objects.filter(module=TASKS_MODULE).exists()
+
+
+@pytest.mark.parametrize("when", [timedelta(seconds=5), 5, "2030-01-01T00:00Z"], ids=["timedelta", "int", "str"])
+def test_a_run_after_that_is_not_a_datetime_is_refused_naming_it_not_with_a_traceback_from_inside(when):
+    with pytest.raises(InvalidTask, match=f"run_after must be an aware datetime, not {type(when).__name__}"):
+        t.noop_task.using(run_after=when)
+    assert not JobRun.objects.filter(module=TASKS_MODULE).exists()
 
 
 def test_a_failed_result_always_has_an_error_even_when_no_attempt_recorded_one(tmp_path):
