@@ -315,10 +315,11 @@ def _run_task(p: Any) -> dict[str, Any]:
     signalled = task_started.has_listeners(sender) or task_finished.has_listeners(sender)
     result = None
     if (takes_context or signalled) and isinstance(backend, JobRunsBackend):
-        # Built only when someone looks at it: the task's context (every attempt, read), a receiver of
-        # the signals (the attempt in flight only: no read on the way of every task).
+        # Built only when someone looks at it: the task's context, a receiver of the signals. Every
+        # attempt is read for the context and for a retried attempt; a first attempt of a task without
+        # a context is the one in flight, so no read is on the way of every task.
         attempts: list[Any]
-        if takes_context:
+        if takes_context or attempt.number > 1:
             attempts = list(JobAttempt.objects.using(db.alias()).filter(run_id=run_id).order_by("number", "id"))
         else:
             attempts = [_InFlight(holder=p.holder, started_at=attempt.began)]

@@ -174,6 +174,38 @@ def test_task_finished_carries_the_end_and_the_error_as_djangos_own_backend_send
     assert theirs and theirs[0][1], "the reference's own result"
 
 
+def test_a_retried_attempt_is_signalled_with_the_attempts_before_it_as_get_result_reads_them(tmp_path):
+    """A receiver of the second attempt's signals reads two attempts, two workers and the first's error,
+    as ``get_result`` does afterwards (the first attempt's signals read one of each)."""
+    seen: list[tuple[str, Any, int, list[str], list[str]]] = []
+
+    def receiver(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        errors = [error.exception_class_path for error in task_result.errors]
+        signal = "finished" if task_result.finished_at else "started"
+        seen.append((signal, task_result.status, task_result.attempts, list(task_result.worker_ids), errors))
+
+    for signal in (_signals.task_started, _signals.task_finished):
+        signal.connect(receiver, weak=False, dispatch_uid="attempts-as-signalled")
+    try:
+        result = t.flaky.enqueue(str(tmp_path / "log"), 1)
+        assert run_due_jobs(holder="first").retrying == 1
+        assert run_due_jobs(holder="second").completed == 1
+    finally:
+        for signal in (_signals.task_started, _signals.task_finished):
+            signal.disconnect(dispatch_uid="attempts-as-signalled")
+    result.refresh()
+    assert result.worker_ids == ["first", "second"]
+    failed, successful = TaskResultStatus.FAILED, TaskResultStatus.SUCCESSFUL
+    down = ["builtins.ConnectionError"]
+    assert seen == [
+        ("started", TaskResultStatus.RUNNING, 1, ["first"], []),
+        ("finished", failed, 1, ["first"], down),
+        ("started", TaskResultStatus.RUNNING, 2, ["first", "second"], down),
+        ("finished", successful, 2, ["first", "second"], down),
+    ]
+    assert seen[-1][2:] == (result.attempts, result.worker_ids, [e.exception_class_path for e in result.errors])
+
+
 def test_a_worker_that_lost_its_lease_records_and_signals_nothing():
     finished: list[Any] = []
 
