@@ -328,6 +328,7 @@ def _run_task(p: Any) -> dict[str, Any]:
         task_started.send(sender, task_result=result)
     args, kwargs = list(payload.args), dict(payload.kwargs)
     token = _current_pass.set(p)
+    before = db.transactions()
     try:
         if takes_context:
             args = [JobRunsTaskContext(task_result=result), *args]
@@ -337,6 +338,8 @@ def _run_task(p: Any) -> dict[str, Any]:
             raw = async_to_sync(task.func)(*args, **kwargs)
         else:
             raw = task.func(*args, **kwargs)
+        if (refused := db.left_open(before, "the task")) is not None:
+            raise refused
         try:
             value = _json_form(raw)
         except (TypeError, ValueError, RecursionError) as exc:
@@ -348,7 +351,11 @@ def _run_task(p: Any) -> dict[str, Any]:
         dump_queue_safe(value, "return value")  # the stored form's bounds (depth, integers, size)
         p._claim.check_timeout()  # a task that ran past its TIMEOUT is a failed attempt (D19)
     except BaseException as exc:
-        attempt.end(exc, _finished(sender, result, TaskResultStatus.FAILED))
+        # A body that failed with its transaction left open: that is its error (rolled back first).
+        refused = db.left_open(before, "the task", exc)
+        attempt.end(refused or exc, _finished(sender, result, TaskResultStatus.FAILED))
+        if refused is not None:
+            raise refused from exc
         raise
     finally:
         _current_pass.reset(token)

@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from django.db import DatabaseError, connections, router
 from django.utils import timezone
@@ -55,6 +55,66 @@ def refuse_callers_transaction() -> None:
             "transaction: transaction.on_commit(lambda: run_due_jobs(...)) from inside one, or "
             "`manage.py run_due_jobs` from a scheduler"
         )
+
+
+class Transactions(NamedTuple):
+    """What a body may leave changed on this thread's connection: Django's autocommit, an open transaction."""
+
+    wrapper: Any
+    autocommit: bool
+    open: bool
+
+
+def transactions(wrapper: Any = None) -> Transactions:
+    """This thread's connection's :class:`Transactions` now (no statement: what Django and the driver hold).
+
+    ``wrapper``: that connection, where the caller has it at hand.
+    """
+    wrapper = wrapper or connection()
+    raw = wrapper.connection
+    opened = vendors.of(wrapper).in_transaction
+    return Transactions(wrapper, wrapper.autocommit, raw is not None and opened is not None and opened(raw))
+
+
+def undo_left_open(before: Transactions) -> str | None:
+    """Roll back a transaction a body left open on this thread's connection, and say how it was left.
+
+    Against ``before``, the connection's :func:`transactions` as the body began: autocommit turned off
+    (``transaction.set_autocommit(False)``), or a transaction begun by a ``BEGIN`` sent as text, where
+    the driver says so. Its writes are the body's own, never committed: left open, the transaction
+    would take in every write of the drive after it, and they would be lost with it. Autocommit is put
+    back. An ``atomic`` block left open is not undone here (a step refuses to run inside one).
+    """
+    wrapper = before.wrapper
+    raw = wrapper.connection
+    if raw is None or wrapper.in_atomic_block:
+        return None
+    if before.autocommit and not wrapper.autocommit:
+        wrapper.rollback()
+        wrapper.set_autocommit(True)
+        return "autocommit turned off and not turned back on"
+    opened = vendors.of(wrapper).in_transaction
+    if not before.open and opened is not None and opened(raw):
+        with wrapper.cursor() as cursor:
+            cursor.execute("ROLLBACK")
+        return "a transaction begun and neither committed nor rolled back"
+    return None
+
+
+def left_open(before: Transactions, what: str, exc: BaseException | None = None) -> Exception | None:
+    """The refusal of a body that left a transaction open (:func:`undo_left_open`), once it is rolled back.
+
+    ``what``: the body, in words; ``exc``: what it raised. ``None`` when nothing was left open, and for
+    an exit (``SystemExit``, ``KeyboardInterrupt``), which goes on once the transaction is rolled back.
+    """
+    how = undo_left_open(before)
+    if how is None or not isinstance(exc, Exception | None):
+        return None
+    return exceptions.TransactionLeftOpen(
+        f"{what} left a database transaction open ({how}): what it wrote in it was rolled back, not "
+        "committed for it, and the drive's next writes would have been lost with it; commit or roll back "
+        "every transaction a body begins (transaction.atomic does both)"
+    )
 
 
 def replace_if_broken(bound: float | None = None) -> None:

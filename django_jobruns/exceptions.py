@@ -162,6 +162,11 @@ class StepInTransaction(Permanent):
     """A step was called inside a transaction the handler opened: its memo would roll back with it."""
 
 
+class TransactionLeftOpen(Permanent):
+    """A step body, a handler or a task left a database transaction open (autocommit off, a ``BEGIN``
+    not ended): what it wrote in it is rolled back, not committed for it, and the run fails."""
+
+
 class StepOutsidePass(JobRunsError):
     """A step was called on a pass that has already ended."""
 

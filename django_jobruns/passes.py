@@ -190,7 +190,8 @@ class Pass:
             raise LeaseLost(f"run {self._run.id}: the lease was taken over; step {name!r} not run")
         if name in self._used:
             raise StepReused(name)
-        if len(db.connection().atomic_blocks) > self._depth:
+        wrapper = db.connection()
+        if len(wrapper.atomic_blocks) > self._depth:
             raise StepInTransaction(
                 f"step {name!r} was called inside a transaction the handler opened: its record would roll "
                 "back with that transaction and the step would run again on every attempt; open the "
@@ -214,8 +215,16 @@ class Pass:
         if first and self._hooks is not None:
             self._hooks.first_step(self._row, self._claim.clock())
         self._stepped = True
+        before = db.transactions(wrapper)
         try:
-            value = fn()
+            try:
+                value = fn()
+            except BaseException as exc:
+                if (refused := db.left_open(before, f"step {name!r}", exc)) is not None:
+                    raise refused from exc
+                raise
+            if (refused := db.left_open(before, f"step {name!r}")) is not None:
+                raise refused
             try:
                 stored = dump_result(value)
             except (TypeError, ValueError, RecursionError) as exc:
@@ -281,7 +290,15 @@ def _run_pass(
     try:
         p = Pass(run, job, claim, ledger)
         p._hooks = onlookers
-        returned = job.handler(p)
+        before = db.transactions()
+        try:
+            returned = job.handler(p)
+        except BaseException as exc:
+            if (refused := db.left_open(before, "the handler", exc)) is not None:
+                raise refused from exc
+            raise
+        if (refused := db.left_open(before, "the handler")) is not None:
+            raise refused
         claim.check_timeout()  # a pass that ran past its timeout commits nothing (D19)
         cursor, done = interpret_result(returned, run.cursor)
     except LeaseLost:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 
 from django_jobruns import GiveUp, RetryPolicy, run_due_jobs, start_job_run
 from django_jobruns.models import JobRun, JobStep, Status
@@ -96,6 +96,60 @@ def test_a_step_inside_the_handlers_own_transaction_is_refused(effects, clock):
     assert report.failed == 1 and after.status == Status.FAILED
     assert "inside a transaction the handler opened" in after.last_error
     assert effect_lines(effects) == []
+
+
+def _written_inside() -> None:
+    # Not in an atomic block: on SQLite, leaving the outermost savepoint commits.
+    JobRun.objects.filter(instance="leaves").update(payload='{"written": "inside"}')
+
+
+def _leaves_autocommit_off() -> None:
+    transaction.set_autocommit(False)
+    _written_inside()
+
+
+def _begins_without_ending() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("BEGIN")
+    _written_inside()
+
+
+@pytest.mark.parametrize(
+    "where, body",
+    [
+        ("step", _leaves_autocommit_off),
+        ("handler", _leaves_autocommit_off),
+        ("step", _begins_without_ending),
+        ("handler", _begins_without_ending),
+    ],
+    ids=["step-autocommit-off", "handler-autocommit-off", "step-raw-begin", "handler-raw-begin"],
+)
+def test_a_body_that_leaves_a_transaction_open_fails_its_run_and_the_runs_behind_it_commit(where, body, clock):
+    """Left open, the transaction would swallow the pass's commit and every write of the drive after it
+    (the report counting them done); the body's own writes in it are rolled back, not committed for it."""
+    if body is _begins_without_ending and connection.vendor == "mysql":
+        pytest.skip("MySQL's client does not say, without asking the server, that a transaction is open")
+
+    def leaves(p):
+        if where == "step":
+            p.step("open", lambda: body() or 1)
+        else:
+            body()
+        return {"done": True}
+
+    jobs.BEHAVIOUR["leaves"] = leaves
+    jobs.BEHAVIOUR["behind"] = lambda p: {"done": True}
+    left, _ = start_job_run("tests.scripted", instance="leaves")
+    behind, _ = start_job_run("tests.scripted", instance="behind")
+    report = run_due_jobs(now=clock, limit=5)
+    assert connection.get_autocommit()
+    connection.close()  # what was not committed is gone: read what is durable
+    assert (report.failed, report.completed) == (1, 1), report
+    after = JobRun.objects.get(pk=left.pk)
+    assert after.status == Status.FAILED and after.lease_holder is None
+    assert "left a database transaction open" in after.last_error
+    assert JobRun.objects.get(pk=behind.pk).status == Status.DONE
+    assert after.payload == "null"  # the body's write, rolled back
 
 
 def test_a_step_called_after_its_pass_ended_is_refused(clock):

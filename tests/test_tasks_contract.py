@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 
 from django_jobruns import run_due_jobs
 from django_jobruns.backend import JobRunsBackend, TaskResultDoesNotExist, TaskResultStatus
@@ -204,6 +204,19 @@ def test_a_retried_attempt_is_signalled_with_the_attempts_before_it_as_get_resul
         ("finished", successful, 2, ["first", "second"], down),
     ]
     assert seen[-1][2:] == (result.attempts, result.worker_ids, [e.exception_class_path for e in result.errors])
+
+
+def test_a_task_that_leaves_its_transaction_open_fails_at_once_with_that_error_and_the_next_task_commits():
+    left = t.leaves_autocommit_off.enqueue()
+    t.add.enqueue(2, 3)
+    seen = finished_as_signalled(run_due_jobs)
+    connection.close()  # what was not committed is gone: read what is durable
+    result = task_backends["default"].get_result(left.id)
+    assert result.status == TaskResultStatus.FAILED and result.attempts == 1  # not retried: it would again
+    assert [e.exception_class_path for e in result.errors] == ["django_jobruns.exceptions.TransactionLeftOpen"]
+    assert JobAttempt.objects.get(run_id=left.id).error_class == "django_jobruns.exceptions.TransactionLeftOpen"
+    assert sorted(status for status, *_ in seen) == [TaskResultStatus.FAILED, TaskResultStatus.SUCCESSFUL]
+    assert JobRun.objects.filter(module=TASKS_MODULE, status=Status.DONE).count() == 1
 
 
 def test_a_worker_that_lost_its_lease_records_and_signals_nothing():

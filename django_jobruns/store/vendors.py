@@ -8,6 +8,7 @@ imports nothing of the package, so any of them may import it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,13 +25,21 @@ class Vendor:
     holds_the_lock: bool = False
     #: It sends wake-ups to waiting drives (LISTEN/NOTIFY).
     notifies: bool = False
+    #: Whether a transaction is open on its driver's connection, as the driver knows without asking the
+    #: server (a ``BEGIN`` sent as text, which Django does not see); ``None``: the driver does not say.
+    in_transaction: Callable[[Any], bool] | None = None
 
 
 #: Each database the engine knows; another gets :data:`OTHER`.
 VENDORS: dict[str, Vendor] = {
-    "postgresql": Vendor(clock="SELECT clock_timestamp()", networked=True, notifies=True),
+    "postgresql": Vendor(
+        clock="SELECT clock_timestamp()",
+        networked=True,
+        notifies=True,
+        in_transaction=lambda raw: raw.pgconn.transaction_status != 0,  # psycopg's libpq: not IDLE
+    ),
     "mysql": Vendor(clock="SELECT UTC_TIMESTAMP(6)", networked=True, holds_the_lock=True),
-    "sqlite": Vendor(),
+    "sqlite": Vendor(in_transaction=lambda raw: bool(raw.in_transaction)),
 }
 OTHER = Vendor()
 

@@ -201,3 +201,12 @@ def set_event(name: str) -> str:
     """Sets the test's event ``name`` (a drive's stop, from inside a task body)."""
     EVENTS[name].set()
     return name
+
+
+@task()
+def leaves_autocommit_off() -> str:
+    """Turns autocommit off and returns, its transaction left open."""
+    from django.db import transaction
+
+    transaction.set_autocommit(False)
+    return "left open"
