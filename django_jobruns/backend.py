@@ -26,7 +26,8 @@ from django.utils.module_loading import import_string
 from . import conf, db, telemetry
 from .attempts import Attempt, Finished, begin_attempt
 from .conf import duration
-from .exceptions import GiveUp, TaskNotImportable, TaskValueUnstorable
+from .exceptions import GiveUp, TaskExited, TaskNotImportable, TaskValueUnstorable
+from .observers import AbandonPass
 from .registry import Job, add, lookup
 from .retry import RetryPolicy
 from .task_results import (
@@ -356,6 +357,9 @@ def _run_task(p: Any) -> dict[str, Any]:
         attempt.end(refused or exc, _finished(sender, result, TaskResultStatus.FAILED))
         if refused is not None:
             raise refused from exc
+        if not isinstance(exc, Exception | KeyboardInterrupt | AbandonPass):
+            # Django's own backends fail the task and go on; a job's handler that exits stops the drive (P9).
+            raise TaskExited(f"the task raised {type(exc).__name__}: {exc!r:.200}") from exc
         raise
     finally:
         _current_pass.reset(token)

@@ -162,6 +162,12 @@ class StepInTransaction(Permanent):
     """A step was called inside a transaction the handler opened: its memo would roll back with it."""
 
 
+class TaskExited(JobRunsError):
+    """A task's body raised ``SystemExit``, ``CancelledError`` or another exception that is not an
+    ``Exception``, save ``KeyboardInterrupt``: a failed attempt, as Django's own backends count it, and
+    the worker goes on. Its cause is what the body raised, which the attempt's error names."""
+
+
 class TransactionLeftOpen(Permanent):
     """A step body, a handler or a task left a database transaction open (autocommit off, a ``BEGIN``
     not ended): what it wrote in it is rolled back, not committed for it, and the run fails."""

@@ -219,6 +219,38 @@ def test_a_task_that_leaves_its_transaction_open_fails_at_once_with_that_error_a
     assert JobRun.objects.filter(module=TASKS_MODULE, status=Status.DONE).count() == 1
 
 
+@pytest.mark.parametrize(
+    "task, args, error",
+    [(t.exits, (3,), "builtins.SystemExit"), (t.cancelled, (), "asyncio.exceptions.CancelledError")],
+    ids=["sys.exit", "CancelledError"],
+)
+def test_a_task_that_exits_fails_as_djangos_own_backend_fails_it_and_the_worker_goes_on(task, args, error):
+    """Django's backends fail such a task and go on (only KeyboardInterrupt stops them): one task's
+    ``sys.exit`` must not stop the worker, and so every worker that takes it, once per attempt."""
+    theirs = reference(task, *args)
+    assert theirs.status == TaskResultStatus.FAILED and theirs.errors[-1].exception_class_path == error
+    ours = task.using(backend="once").enqueue(*args)
+    behind = t.add.enqueue(2, 3)
+    report = run_due_jobs(limit=5)  # does not raise
+    assert (report.failed, report.completed) == (1, 1), report
+    ours.refresh()
+    assert ours.status == TaskResultStatus.FAILED
+    assert [e.exception_class_path for e in ours.errors] == [e.exception_class_path for e in theirs.errors]
+    assert task_backends["default"].get_result(behind.id).status == TaskResultStatus.SUCCESSFUL
+
+
+def test_a_task_interrupted_by_ctrl_c_stops_the_worker_as_djangos_own_backend_lets_it_with_its_attempt_recorded():
+    with pytest.raises(KeyboardInterrupt):
+        reference(t.interrupted)
+    ours = t.interrupted.using(backend="once").enqueue()
+    with pytest.raises(KeyboardInterrupt):
+        run_due_jobs()
+    ours.refresh()
+    assert ours.status == TaskResultStatus.FAILED
+    assert [e.exception_class_path for e in ours.errors] == ["builtins.KeyboardInterrupt"]
+    assert JobRun.objects.get(pk=ours.id).lease_holder is None
+
+
 def test_a_worker_that_lost_its_lease_records_and_signals_nothing():
     finished: list[Any] = []
 

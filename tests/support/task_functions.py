@@ -210,3 +210,25 @@ def leaves_autocommit_off() -> str:
 
     transaction.set_autocommit(False)
     return "left open"
+
+
+@task()
+def exits(code: int) -> None:
+    """Calls ``sys.exit`` (what a command-line library does on a bad argument)."""
+    import sys
+
+    sys.exit(code)
+
+
+@task()
+async def cancelled() -> None:
+    """Raises ``CancelledError`` out of its body (an awaited inner task that was cancelled)."""
+    import asyncio
+
+    raise asyncio.CancelledError()
+
+
+@task()
+def interrupted() -> None:
+    """Raises ``KeyboardInterrupt`` (Ctrl-C while it ran)."""
+    raise KeyboardInterrupt
