@@ -90,15 +90,21 @@ def undo_left_open(before: Transactions) -> str | None:
     if raw is None or wrapper.in_atomic_block:
         return None
     if before.autocommit and not wrapper.autocommit:
-        wrapper.rollback()
-        wrapper.set_autocommit(True)
-        return "autocommit turned off and not turned back on"
-    opened = vendors.of(wrapper).in_transaction
-    if not before.open and opened is not None and opened(raw):
-        with wrapper.cursor() as cursor:
-            cursor.execute("ROLLBACK")
-        return "a transaction begun and neither committed nor rolled back"
-    return None
+        how = "autocommit turned off and not turned back on"
+    elif not before.open and (opened := vendors.of(wrapper).in_transaction) is not None and opened(raw):
+        how = "a transaction begun and neither committed nor rolled back"
+    else:
+        return None
+    try:
+        if wrapper.autocommit:
+            with wrapper.cursor() as cursor:
+                cursor.execute("ROLLBACK")
+        else:
+            wrapper.rollback()
+            wrapper.set_autocommit(True)
+    except DatabaseError:
+        wrapper.close()  # a connection that cannot roll back is closed, and its transaction with it
+    return how
 
 
 def left_open(before: Transactions, what: str, exc: BaseException | None = None) -> Exception | None:

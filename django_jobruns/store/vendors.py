@@ -36,7 +36,8 @@ VENDORS: dict[str, Vendor] = {
         clock="SELECT clock_timestamp()",
         networked=True,
         notifies=True,
-        in_transaction=lambda raw: raw.pgconn.transaction_status != 0,  # psycopg's libpq: not IDLE
+        # libpq's INTRANS or INERROR; not UNKNOWN, a connection gone bad, which holds nothing open.
+        in_transaction=lambda raw: raw.pgconn.transaction_status in (2, 3),
     ),
     "mysql": Vendor(clock="SELECT UTC_TIMESTAMP(6)", networked=True, holds_the_lock=True),
     "sqlite": Vendor(in_transaction=lambda raw: bool(raw.in_transaction)),
