@@ -16,6 +16,7 @@ import logging
 import re
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
+from functools import partial
 from inspect import iscoroutinefunction
 from typing import Any, NamedTuple
 
@@ -143,7 +144,7 @@ class JobRunsBackend(BaseTaskBackend):  # type: ignore[misc]
             except (TypeError, ValueError, RecursionError) as exc:
                 # The class Django's own refusal raises (a ValueError for bytes that are not text), so code
                 # that catches it catches this; a structure nested past the recursion limit is a TypeError.
-                refused = type(exc) if isinstance(exc, (TypeError, ValueError)) else TypeError
+                refused = ValueError if isinstance(exc, ValueError) else TypeError
                 raise refused(f"the task's {name} must be JSON ({exc}): {task.module_path} was not enqueued") from None
         args, kwargs = values
         payload = TaskPayload(
@@ -329,18 +330,16 @@ def _run_task(p: Any) -> dict[str, Any]:
         task_started.send(sender, task_result=result)
     args, kwargs = list(payload.args), dict(payload.kwargs)
     token = _current_pass.set(p)
-    before = db.transactions()
     try:
         if takes_context:
             args = [JobRunsTaskContext(task_result=result), *args]
         if iscoroutinefunction(task.func):
             from asgiref.sync import async_to_sync
 
-            raw = async_to_sync(task.func)(*args, **kwargs)
+            call = partial(async_to_sync(task.func), *args, **kwargs)
         else:
-            raw = task.func(*args, **kwargs)
-        if (refused := db.left_open(before, "the task")) is not None:
-            raise refused
+            call = partial(task.func, *args, **kwargs)
+        raw = db.ending_its_transactions(call, "the task")
         try:
             value = _json_form(raw)
         except (TypeError, ValueError, RecursionError) as exc:
@@ -352,11 +351,7 @@ def _run_task(p: Any) -> dict[str, Any]:
         dump_queue_safe(value, "return value")  # the stored form's bounds (depth, integers, size)
         p._claim.check_timeout()  # a task that ran past its TIMEOUT is a failed attempt (D19)
     except BaseException as exc:
-        # A body that failed with its transaction left open: that is its error (rolled back first).
-        refused = db.left_open(before, "the task", exc)
-        attempt.end(refused or exc, _finished(sender, result, TaskResultStatus.FAILED))
-        if refused is not None:
-            raise refused from exc
+        attempt.end(exc, _finished(sender, result, TaskResultStatus.FAILED))
         if not isinstance(exc, Exception | KeyboardInterrupt | AbandonPass):
             # Django's own backends fail the task and go on; a job's handler that exits stops the drive (P9).
             raise TaskExited(f"the task raised {type(exc).__name__}: {exc!r:.200}") from exc

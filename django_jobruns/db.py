@@ -13,13 +13,15 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from django.db import DatabaseError, connections, router
 from django.utils import timezone
 
 from . import exceptions
 from .store import vendors, watchdog
+
+T = TypeVar("T")
 
 # The model is resolved on first use, not at import: the Tasks backend imports
 # this module while Django loads TASKS, before the app registry may be ready
@@ -121,6 +123,24 @@ def left_open(before: Transactions, what: str, exc: BaseException | None = None)
         "committed for it, and the drive's next writes would have been lost with it; commit or roll back "
         "every transaction a body begins (transaction.atomic does both)"
     )
+
+
+def ending_its_transactions(body: Callable[[], T], what: str, wrapper: Any = None) -> T:
+    """``body()``; refused with :class:`~django_jobruns.exceptions.TransactionLeftOpen` if it left a
+    transaction open on this thread's connection, once that transaction is rolled back (:func:`left_open`).
+
+    ``what``: the body, in words; ``wrapper``: this thread's connection, where the caller has it at hand.
+    """
+    before = transactions(wrapper)
+    try:
+        value = body()
+    except BaseException as exc:
+        if (refused := left_open(before, what, exc)) is not None:
+            raise refused from exc
+        raise
+    if (refused := left_open(before, what)) is not None:
+        raise refused
+    return value
 
 
 def replace_if_broken(bound: float | None = None) -> None:

@@ -215,16 +215,8 @@ class Pass:
         if first and self._hooks is not None:
             self._hooks.first_step(self._row, self._claim.clock())
         self._stepped = True
-        before = db.transactions(wrapper)
         try:
-            try:
-                value = fn()
-            except BaseException as exc:
-                if (refused := db.left_open(before, f"step {name!r}", exc)) is not None:
-                    raise refused from exc
-                raise
-            if (refused := db.left_open(before, f"step {name!r}")) is not None:
-                raise refused
+            value = db.ending_its_transactions(fn, f"step {name!r}", wrapper)
             try:
                 stored = dump_result(value)
             except (TypeError, ValueError, RecursionError) as exc:
@@ -290,15 +282,7 @@ def _run_pass(
     try:
         p = Pass(run, job, claim, ledger)
         p._hooks = onlookers
-        before = db.transactions()
-        try:
-            returned = job.handler(p)
-        except BaseException as exc:
-            if (refused := db.left_open(before, "the handler", exc)) is not None:
-                raise refused from exc
-            raise
-        if (refused := db.left_open(before, "the handler")) is not None:
-            raise refused
+        returned = db.ending_its_transactions(lambda: job.handler(p), "the handler")
         claim.check_timeout()  # a pass that ran past its timeout commits nothing (D19)
         cursor, done = interpret_result(returned, run.cursor)
     except LeaseLost:
