@@ -84,6 +84,24 @@ def keep(claim: Claim) -> None:
         if due < _state["wake_at"]:
             _state["wake_at"] = due
             _cond.notify()
+    watchdog.kept()
+
+
+def first_lapse() -> float | None:
+    """When (monotonic) the first kept lease lapses, counted from when the statement that set it was sent.
+
+    The watchdog's: a process frozen until then (a body holding the interpreter's
+    lock, a stop) ends itself just before, so no other drive takes a run whose
+    holder may still run on. Read without the lock (the watchdog holds its own):
+    a copy of the claims is one step of the interpreter.
+    """
+    claims = list(_kept.values())
+    if not claims:
+        return None
+    return min(claim.kept_at + claim.ttl.total_seconds() for claim in claims)
+
+
+watchdog.watch_leases(first_lapse)
 
 
 def forget(claim: Claim) -> None:

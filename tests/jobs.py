@@ -215,3 +215,43 @@ def paced(p: Any) -> dict[str, Any]:
 
     p.step("c", c)
     return {"done": True}
+
+
+def _still_running(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+@job(retry=FAST_RETRY)
+def holds_the_lock(p: Any) -> dict[str, Any]:
+    """One step whose first body holds the interpreter's lock for ``payload["seconds"]`` (one call into C).
+
+    The first body leaves its pid in ``payload["marker"]``, announces itself on
+    the FIFO ``payload["fifo"]``, then calls libc's ``sleep`` through
+    ``ctypes.PyDLL``, which keeps the interpreter's lock: no other thread of its
+    process runs until it returns, the keep-alive included. It leaves the effect
+    ``held`` if it ever returns. A later body leaves ``after:running`` or
+    ``after:gone``: whether the first body's process still ran as it started.
+    """
+    import ctypes
+    import ctypes.util
+
+    payload = p.payload
+
+    def crunch() -> str:
+        marker = Path(payload["marker"])
+        if marker.exists():
+            first = int(marker.read_text())
+            return effect(payload["log"], p.run.id, f"after:{'running' if _still_running(first) else 'gone'}")
+        marker.write_text(str(os.getpid()))
+        with open(payload["fifo"], "w") as fifo:
+            fifo.write(f"{os.getpid()}\n")
+        ctypes.PyDLL(ctypes.util.find_library("c")).sleep(payload["seconds"])
+        return effect(payload["log"], p.run.id, "held")
+
+    p.step("crunch", crunch)
+    return {"done": True}
