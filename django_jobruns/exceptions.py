@@ -174,7 +174,7 @@ class TransactionLeftOpen(Permanent):
 
 
 class StepOutsidePass(JobRunsError):
-    """A step was called on a pass that has already ended."""
+    """A step was called, or a counter counted, on a pass that has already ended."""
 
 
 class NotLive(JobRunsError, ValueError):

@@ -161,6 +161,8 @@ class Pass:
 
     def count(self, name: str, by: int | float = 1) -> None:
         """Add ``by`` to counter ``name``; kept only if the pass commits."""
+        if self._ended:
+            raise StepOutsidePass(f"count({name!r}) was called after its pass ended; a pass counts inside the handler")
         if not isinstance(name, str) or not name:
             raise TypeError(f"a counter name is non-empty text, got {name!r}")
         if type(by) not in (int, float) or not math.isfinite(by):

@@ -152,7 +152,7 @@ def test_a_body_that_leaves_a_transaction_open_fails_its_run_and_the_runs_behind
     assert after.payload == "null"  # the body's write, rolled back
 
 
-def test_a_step_called_after_its_pass_ended_is_refused(clock):
+def test_a_step_or_a_count_called_after_its_pass_ended_is_refused_not_silently_lost(clock):
     kept = []
 
     def handler(p):
@@ -166,6 +166,8 @@ def test_a_step_called_after_its_pass_ended_is_refused(clock):
 
     with pytest.raises(StepOutsidePass, match="after its pass ended"):
         kept[0].step("late", lambda: 1)
+    with pytest.raises(StepOutsidePass, match=r"count\('late'\) was called after its pass ended"):
+        kept[0].count("late")
 
 
 @pytest.mark.parametrize("where", ["step", "handler"])
