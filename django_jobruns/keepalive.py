@@ -90,10 +90,10 @@ def keep(claim: Claim) -> None:
 def first_lapse() -> float | None:
     """When (monotonic) the first kept lease lapses, counted from when the statement that set it was sent.
 
-    The watchdog's: a process frozen until then (a body holding the interpreter's
-    lock, a stop) ends itself just before, so no other drive takes a run whose
-    holder may still run on. Read without the lock (the watchdog holds its own):
-    a copy of the claims is one step of the interpreter.
+    The watchdog's, for the sentinel: a process frozen while running until then (a
+    body holding the interpreter's lock) is ended just before, so that no other
+    drive takes a run whose body still runs. Read without the lock (the watchdog
+    holds its own): a copy of the claims is one step of the interpreter.
     """
     claims = list(_kept.values())
     if not claims:

@@ -228,14 +228,16 @@ def _still_running(pid: int) -> bool:
 
 @job(retry=FAST_RETRY)
 def holds_the_lock(p: Any) -> dict[str, Any]:
-    """One step whose first body holds the interpreter's lock for ``payload["seconds"]`` (one call into C).
+    """One step whose first body holds the interpreter's lock until a later body lets it go (one call into C).
 
     The first body leaves its pid in ``payload["marker"]``, announces itself on
-    the FIFO ``payload["fifo"]``, then calls libc's ``sleep`` through
-    ``ctypes.PyDLL``, which keeps the interpreter's lock: no other thread of its
-    process runs until it returns, the keep-alive included. It leaves the effect
-    ``held`` if it ever returns. A later body leaves ``after:running`` or
-    ``after:gone``: whether the first body's process still ran as it started.
+    the FIFO ``payload["fifo"]``, then reads one byte from the FIFO
+    ``payload["release"]`` through ``ctypes.PyDLL``, which keeps the
+    interpreter's lock: no other thread of its process runs until a byte comes
+    (a signal's handler does not end the read). It leaves the effect ``held`` if
+    it ever returns. A later body leaves ``after:running`` or ``after:gone``
+    (whether the first body's process still ran as it started), then writes the
+    byte that lets a first body still running go on.
     """
     import ctypes
     import ctypes.util
@@ -246,11 +248,19 @@ def holds_the_lock(p: Any) -> dict[str, Any]:
         marker = Path(payload["marker"])
         if marker.exists():
             first = int(marker.read_text())
-            return effect(payload["log"], p.run.id, f"after:{'running' if _still_running(first) else 'gone'}")
+            seen = effect(payload["log"], p.run.id, f"after:{'running' if _still_running(first) else 'gone'}")
+            try:
+                release = os.open(payload["release"], os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:
+                return seen  # nobody reads it: the first body's process is gone
+            os.write(release, b"x")
+            os.close(release)
+            return seen
         marker.write_text(str(os.getpid()))
+        release = os.open(payload["release"], os.O_RDWR)  # a reader that blocks until a byte comes
         with open(payload["fifo"], "w") as fifo:
             fifo.write(f"{os.getpid()}\n")
-        ctypes.PyDLL(ctypes.util.find_library("c")).sleep(payload["seconds"])
+        ctypes.PyDLL(ctypes.util.find_library("c")).read(release, ctypes.create_string_buffer(1), 1)
         return effect(payload["log"], p.run.id, "held")
 
     p.step("crunch", crunch)

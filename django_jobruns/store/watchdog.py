@@ -22,18 +22,14 @@ this one included. For that case a backstop outside the interpreter --
 where each thread was: the drive ends, and its run is taken over when the
 lease lapses, as after a kill.
 
-The same timer keeps a frozen holder from running on past its lease (D17). A
-body that holds the interpreter's lock (one long call into C: a regex that
-backtracks, arithmetic on huge numbers, a parse of hundreds of megabytes)
-stops the keep-alive thread too, so its lease lapses while it runs, and
-another drive would take the run over and run the body again beside it. So
-while the process keeps a claim, this thread (which never waits on the
-network) sets the timer, at each tick, to just before the first kept lease
-lapses by its holder's count (:data:`LAPSE_MARGIN`), and never nearer than
-:data:`FLOOR` from now. A process whose threads all run sees the timer
-pushed on, whatever its renewals find; one frozen that long -- by its own
-body, or stopped and resumed after its lease -- ends itself before another
-can take the run, printing where each thread was.
+A body can hold that lock too (one long call into C), and stop this thread
+and the keep-alive's past its lease. For that, while the process keeps a
+claim, this thread tells the process's sentinel (:mod:`.sentinel`, another
+process) at each tick the moment just before the first kept lease lapses by
+its holder's count (:data:`LAPSE_MARGIN`), never nearer than :data:`FLOOR`
+from now: a process whose threads run pushes that moment on at every tick,
+whatever its renewals find; one frozen past it while running is ended by the
+sentinel before another drive can take its run.
 """
 
 from __future__ import annotations
@@ -44,13 +40,12 @@ import itertools
 import logging
 import os
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from . import vendors
+from . import sentinel, vendors
 
 logger = logging.getLogger("django_jobruns")
 
@@ -62,13 +57,18 @@ _tokens = itertools.count()
 _started = threading.Event()
 #: How often the watchdog looks at the armed statements.
 TICK = 0.1
-#: A frozen process ends itself this long before a kept lease lapses by its holder's count.
-LAPSE_MARGIN = 0.5
-#: The timer is never set nearer than this from now, nor left nearer than three quarters of it: a process
-#: whose threads run (a tick every 0.1 s) is never ended, whatever its renewals find.
+#: A process frozen while running is ended this long before a kept lease lapses by its holder's count:
+#: the sentinel's look, its moment for the tracebacks and the kill fit in it.
+LAPSE_MARGIN = 1.0
+#: The moment told to the sentinel is never nearer than this from now: twenty ticks, so a process whose
+#: threads run is never ended, whatever its renewals find.
 FLOOR = 2.0
 #: What says when the first kept lease lapses (monotonic), if any is kept: the keep-alive's.
 _leases: list[Callable[[], float | None]] = []
+#: The moment the sentinel was last told (``None``: that no lease is kept); the lock that keeps each word in
+#: step with what it read.
+_told: list[float | None] = [None]
+_telling = threading.Lock()
 
 
 @contextlib.contextmanager
@@ -185,98 +185,59 @@ def _disarm(token: int) -> None:
         _armed.pop(token, None)
 
 
-#: When the backstop of a statement on a driver that holds the interpreter's lock fires, if one is armed.
-_backstop: list[float] = []
-#: When faulthandler's timer is set to fire, if it is set by this module; ``[inf]`` after a fork that left it set.
-_timer: list[float] = []
+_backstop: list[float] = []  # when the armed backstop fires, if one is armed
 
 
 def _arm_backstop(now: float, bound: float) -> None:
-    """Have the process end twice the bound from now (under ``_lock``), in this thread: the call may hold the lock.
+    """Arm ``faulthandler``'s timer to end the process twice the bound from now (under ``_lock``).
 
-    Moved on only when less than a bound is left; the watchdog drops it once
-    nothing has been armed for a tick.
+    Re-armed only when less than a bound is left (arming starts a thread); the
+    watchdog disarms it once nothing has been armed for a tick.
     """
     if _backstop and _backstop[0] - now > bound + 1:
         return
+    faulthandler.dump_traceback_later(2 * bound + 1, exit=True)
     _backstop[:] = [now + 2 * bound + 1]
-    _retime(now)
 
 
 def watch_leases(first_lapse: Callable[[], float | None]) -> None:
-    """Have the process end itself before a kept lease lapses while it is frozen (the keep-alive's hook)."""
+    """Have the sentinel end this process if it freezes, running, past a kept lease (the keep-alive's hook)."""
     _leases[:] = [first_lapse]
 
 
 def kept() -> None:
-    """A claim was kept: the timer set for it now, in the claiming thread, before its body can run."""
+    """A claim was kept: the sentinel told now, in the claiming thread, before the claim's body can run.
+
+    Only if the claim's moment comes before the one the sentinel knows: at the
+    next tick the watchdog tells it anyway.
+    """
     start()
-    with _lock:
-        _retime(time.monotonic())
+    _tell_sentinel(time.monotonic(), sooner_only=True)
 
 
-def _retime(now: float) -> None:
-    """Set faulthandler's timer to what the backstop and the kept leases need, or cancel it (under ``_lock``).
-
-    Set anew only when it must fire sooner, or later by a second or more, or
-    is within three quarters of the floor of firing: arming starts a thread.
-    """
-    if _timer and _timer[0] == float("inf"):
-        return  # forked while set: the child cannot use the timer (faulthandler would wait for ever)
-    if _timer and now >= _timer[0]:
-        _end(now - _timer[0])
-    wanted = list(_backstop)
-    lapse = _leases[0]() if _leases else None
-    if lapse is not None:
-        wanted.append(max(lapse - LAPSE_MARGIN, now + FLOOR))
-    if not wanted:
-        if _timer:
-            faulthandler.cancel_dump_traceback_later()
-            _timer.clear()
-        return
-    at = min(wanted)
-    if _timer and _timer[0] <= at < _timer[0] + 1 and _timer[0] - now >= FLOOR * 3 / 4:
-        return
-    faulthandler.dump_traceback_later(max(at - now, TICK), exit=True, file=_stderr())
-    _timer[:] = [at]
-
-
-def _end(late: float) -> None:
-    """The timer's moment passed while no thread here could run: end the process, as the timer does.
-
-    The process was frozen past it (stopped and resumed, or its lock held)
-    and this thread ran first as it thawed: moving the timer on now would
-    let a body run on beside the drive that took its run over.
-    """
-    message = (
-        f"Timeout: this process was frozen {late:.1f} s past its watchdog's timer, set for just before a lease "
-        "it holds lapsed: it ends, as a killed worker would, and its run is taken over\n"
-    )
-    try:
-        os.write(2, message.encode())
-        faulthandler.dump_traceback(file=_stderr(), all_threads=True)
-    finally:
-        os._exit(1)
-
-
-def _stderr() -> Any:
-    """Where the timer prints each thread's traceback: ``sys.stderr`` if it is a file, else descriptor 2."""
-    try:
-        sys.stderr.fileno()
-    except Exception:
-        return 2
-    return sys.stderr
+def _tell_sentinel(now: float, *, sooner_only: bool = False) -> None:
+    """Tell the sentinel when to end this process if it freezes from now on, or that it holds no lease."""
+    with _telling:
+        lapse = _leases[0]() if _leases else None
+        if lapse is None:
+            if _told[0] is not None:
+                _told[0] = None
+                sentinel.tell(None)
+            return
+        moment = max(lapse - LAPSE_MARGIN, now + FLOOR)
+        if sooner_only and _told[0] is not None and _told[0] <= moment:
+            return
+        _told[0] = moment
+        sentinel.tell(moment)
 
 
 def _forked() -> None:
-    """A forked child has none of its parent's threads: its watchdog starts when needed; the timer it cannot use."""
-    global _lock
-    _lock = threading.Lock()  # perhaps held by a thread the child does not have
+    """A forked child has none of its parent's threads: its watchdog starts when it needs one."""
+    global _lock, _telling
+    _lock, _telling = threading.Lock(), threading.Lock()  # perhaps held by a thread the child does not have
     _armed.clear()
-    _backstop.clear()
     _started.clear()
-    if _timer:
-        _timer[:] = [float("inf")]
+    _told[0] = None
 
 
 os.register_at_fork(after_in_child=_forked)
@@ -310,8 +271,9 @@ def _watch() -> None:
                         _armed.pop(token)
                         _cut(target[0], bound)
             if _backstop and not _armed:
+                faulthandler.cancel_dump_traceback_later()
                 _backstop.clear()
-            _retime(now)
+        _tell_sentinel(now)
 
 
 def _cut(fd: int, bound: float) -> None:

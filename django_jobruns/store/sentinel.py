@@ -1,0 +1,213 @@
+"""A sentinel process that ends its drive if the drive's process freezes past a lease it holds (D17).
+
+A body that holds the interpreter's lock (one long call into C: a regex that
+backtracks, arithmetic on huge numbers, a parse of hundreds of megabytes)
+stops every other thread of its process, the keep-alive's included. Its lease
+then lapses while it runs, and another drive would take the run over and run
+the body again beside it. No thread of the process can act then; another
+process can. So a process that keeps a claim starts one small sentinel (this
+file, run by the same interpreter, importing nothing but the standard library)
+and tells it, through a pipe, at each of the watchdog's ticks, the moment just
+before its first kept lease lapses (:func:`tell`).
+
+The sentinel ends the drive's process (every thread's traceback printed on
+its standard error first, then SIGKILL) when that moment has passed, no word
+has come for a second, and the process is running: not stopped (SIGSTOP,
+Ctrl-Z), which the sentinel reads in ``/proc``. A stopped worker is left as
+it was: once resumed, its watchdog speaks again within a tick, and its body
+finds its lease lapsed at its next step (D11) -- re-established if nobody
+took the run, fenced out (``lost``) if someone did. The sentinel ends when
+the process does (the pipe's end), and never outlives it.
+
+Linux only (``/proc``); elsewhere, or where no sentinel can be started, a
+drive runs as before, without it (said once).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import select
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+logger = logging.getLogger("django_jobruns")
+
+#: How long the sentinel waits, once the moment has passed, for a word after the process was last seen
+#: stopped or the sentinel itself could not run: its watchdog speaks every 0.1 s.
+GRACE = 1.0
+#: How often the sentinel looks while a lease is kept; while none is, it waits for a word up to IDLE.
+LOOK = 0.1
+IDLE = 1.0
+#: The signal on which the drive's process prints every thread's traceback (faulthandler's handler,
+#: which needs no lock): a real-time signal, which nothing else sends.
+DUMP = signal.SIGRTMIN + 7 if hasattr(signal, "SIGRTMIN") else None
+
+_lock = threading.Lock()
+#: The sentinel of this process: its process and the pipe's writing end; ``None`` when there is none.
+_running: dict[str, Any] = {"proc": None, "fd": None, "refused": False}
+_WORD = struct.Struct("d")
+
+
+def tell(moment: float | None) -> None:
+    """Tell this process's sentinel when to end it if it is frozen (monotonic), or that it holds nothing (``None``).
+
+    The first word with a moment starts the sentinel.
+    """
+    with _lock:
+        fd = _running["fd"]
+        if fd is None:
+            if moment is None or _running["refused"]:
+                return
+            fd = _start()
+            if fd is None:
+                return
+        try:
+            os.write(fd, _WORD.pack(math.inf if moment is None else moment))
+        except BlockingIOError:
+            pass  # the sentinel reads slowly: the next tick's word says as much
+        except OSError:
+            _drop()  # the sentinel ended: a new one at the next word
+
+
+def _start() -> int | None:
+    """Start the sentinel (under ``_lock``): the pipe's writing end, or ``None`` where none can run."""
+    if not sys.platform.startswith("linux") or DUMP is None or not sys.executable:
+        _refuse("this platform has no /proc", logging.INFO)
+        return None
+    import faulthandler
+
+    read, write = os.pipe()
+    try:
+        faulthandler.register(DUMP, file=_stderr(), all_threads=True, chain=False)
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", os.path.abspath(__file__), str(os.getpid()), str(read)],
+            pass_fds=[read],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            close_fds=True,
+        )
+    except (OSError, ValueError, RuntimeError) as exc:
+        os.close(read)
+        os.close(write)
+        _refuse(str(exc), logging.WARNING)
+        return None
+    os.close(read)
+    os.set_blocking(write, False)
+    _running.update(proc=proc, fd=write)
+    return write
+
+
+def _refuse(why: str, level: int) -> None:
+    _running["refused"] = True
+    logger.log(
+        level,
+        "no sentinel process could be started (%s): a body that holds the interpreter's lock past its lease "
+        "cannot be stopped before its run is taken over",
+        why,
+    )
+
+
+def _drop() -> None:
+    fd, proc = _running["fd"], _running["proc"]
+    _running.update(fd=None, proc=None)
+    if fd is not None:
+        os.close(fd)
+    if proc is not None:
+        proc.poll()
+
+
+def _stderr() -> Any:
+    """Where the tracebacks go: ``sys.stderr`` if it is a file, else descriptor 2."""
+    try:
+        sys.stderr.fileno()
+    except Exception:
+        return 2
+    return sys.stderr
+
+
+def _forked() -> None:
+    """A forked child is not the process its parent's sentinel watches: it starts its own if it drives."""
+    global _lock
+    _lock = threading.Lock()
+    fd = _running["fd"]
+    _running.update(fd=None, proc=None, refused=False)
+    if fd is not None:
+        os.close(fd)
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+# -- the sentinel process itself ------------------------------------------------------
+
+
+def _state(pid: int) -> str | None:
+    """Process ``pid``'s state letter from ``/proc`` (``T``: stopped), or ``None`` if it has ended."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            state = stat.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+    return None if state in ("Z", "X") else state
+
+
+def watch(parent: int, fd: int) -> None:
+    """Watch ``parent`` until it ends, ending it if it is frozen past the moment its last word named."""
+    moment, heard, waited_since = math.inf, time.monotonic(), time.monotonic()
+    pending = b""
+    previous = time.monotonic()
+    while True:
+        wait = LOOK if moment < math.inf else IDLE
+        ready, _, _ = select.select([fd], [], [], wait)
+        now = time.monotonic()
+        if now - previous > wait + GRACE / 2:
+            waited_since = now  # this process could not run either (stopped with its parent, starved)
+        previous = now
+        if ready:
+            data = os.read(fd, 4096)
+            if not data:
+                return  # the parent ended
+            pending += data
+            whole = len(pending) - len(pending) % _WORD.size
+            if whole:
+                (moment,) = _WORD.unpack(pending[whole - _WORD.size : whole])
+                pending, heard = pending[whole:], now
+        if os.getppid() != parent:
+            return
+        state = _state(parent)
+        if state is None:
+            return
+        if state in ("T", "t"):
+            waited_since = now
+            continue
+        if now >= moment and now - max(heard, waited_since) >= GRACE:
+            _end(parent, now - moment)
+            return
+
+
+def _end(parent: int, late: float) -> None:
+    message = (
+        f"django_jobruns: process {parent} has run {late:.1f} s past the moment its watchdog named, just before "
+        "a lease it holds lapses, with no thread of it able to renew it (a body holding the interpreter's "
+        "lock?); it is ended, as a killed worker would be, so that no other drive runs its run beside it. "
+        "Each of its threads was:\n"
+    )
+    try:
+        os.write(2, message.encode())
+        if DUMP is not None:
+            os.kill(parent, DUMP)
+            time.sleep(0.2)  # the parent's handler prints as the signal arrives: a moment for it, within the margin
+        os.kill(parent, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # it ended meanwhile
+
+
+if __name__ == "__main__":
+    watch(int(sys.argv[1]), int(sys.argv[2]))
