@@ -105,10 +105,8 @@ def test_worker_paused_past_its_lease_is_fenced_out(tmp_path, effects, lapsed):
         finished = JobRun.objects.get(pk=run.pk)
     finally:
         worker.send_signal(signal.SIGCONT)
-    try:
-        os.close(os.open(release, os.O_WRONLY | os.O_NONBLOCK))  # lets its body go on, if it is still there
-    except OSError:
-        pass  # nobody reads it: the worker ended, and says why below
+    # Let its body go on once it reads ``release`` again (it may have been stopped just before), unless it ended.
+    wait_until(lambda: _released(release) or worker.poll() is not None, "the worker to read its release or end")
     out, err = worker.communicate(timeout=60)
     assert worker.returncode == 0, err
     paused = json.loads(out)
@@ -124,6 +122,15 @@ def test_worker_paused_past_its_lease_is_fenced_out(tmp_path, effects, lapsed):
     assert json.loads(after.counters) == {"passes": 1}
     assert not JobStep.objects.filter(run=run).exists()
     assert [step for _, step in effect_lines(effects)] == ["before", "first", "first", "second"]
+
+
+def _released(fifo: str | os.PathLike[str]) -> bool:
+    """Whether a reader had ``fifo`` open and was let go (its writer opened and closed): ``False`` if none had."""
+    try:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:
+        return False
+    return True
 
 
 def _alive(backends: list[int]) -> list[int]:
