@@ -97,34 +97,32 @@ def run_due_jobs(
             raise InvalidDriveOptions(f"now() must return an aware datetime, got {started!r}")
 
     report = DriveReport()
-    if stop is not None and stop.is_set():
+    if options.asked_to_stop():
         report.stopped = True
         return report
     if not options.jobs:
         return report
     with telemetry.traced_drive(options.holder) as traced:
-        _drive(report, options, stop, traced)
-    if stop is not None and stop.is_set():
+        _drive(report, options, traced)
+    if options.asked_to_stop():
         report.stopped = True  # asked to stop while its last pass ran (D18)
     return report
 
 
-def _drive(
-    report: DriveReport, options: DriveOptions, stop: StopSignal | None, traced: telemetry.Traced | None
-) -> DriveReport:
+def _drive(report: DriveReport, options: DriveOptions, traced: telemetry.Traced | None) -> DriveReport:
     with Crew(options.concurrency) as crew:  # threads and their connections kept for the whole drive
         if options.budget is None:
             _round_on_a_live_connection(report, options, None, traced, crew)
             return report
         deadline = time.monotonic() + options.budget
-        with notify.Waiter(stop, options.statement_bound) as waiter:
+        with notify.Waiter(options.stop, options.statement_bound) as waiter:
             while True:
                 worked = _round_on_a_live_connection(report, options, deadline, traced, crew, waiter)
-                if report.stopped or time.monotonic() >= deadline:
-                    break
+                if report.stopped or options.asked_to_stop() or time.monotonic() >= deadline:
+                    break  # asked to stop as the round's last pass ran: no other round begun
                 if not worked:
                     waiter.wait(until_next_tick(report, options.clock(), deadline))
-                    if stop is not None and stop.is_set():
+                    if options.asked_to_stop():
                         report.stopped = True
                         break
     return report
@@ -159,8 +157,8 @@ def _round_on_a_live_connection(
     """
     first: BaseException | None = None
     for attempt in (1, 2):
-        if attempt == 2 and deadline is not None and time.monotonic() >= deadline:
-            break  # the budget is spent: no new connection begun past it
+        if attempt == 2 and (options.asked_to_stop() or deadline is not None and time.monotonic() >= deadline):
+            break  # asked to stop, or the budget spent: no new connection begun past it
         try:
             worked = _Drive(report, options, deadline, traced, crew, waiter).round()
         except TRANSIENT as exc:
@@ -178,7 +176,9 @@ def _round_on_a_live_connection(
             logger.warning("the due read failed (%s); made again on a new connection", summary(first))
         return worked
     if first is not None:
-        logger.warning("the due read failed (%s) as the budget ran out", summary(first))
+        logger.warning(
+            "the due read failed (%s) as the drive ended (asked to stop, or its budget spent)", summary(first)
+        )
     return False
 
 
@@ -256,18 +256,14 @@ class _Drive:
 
     def stopping(self) -> bool:
         """Whether to take no further run or pass: the stop signal is set, or the time budget spent."""
-        if self.asked_to_stop():
+        if self.options.asked_to_stop():
             self.report.stopped = True
             return True
         return self.deadline is not None and time.monotonic() >= self.deadline
 
-    def asked_to_stop(self) -> bool:
-        stop = self.options.stop
-        return stop is not None and stop.is_set()
-
     def ending(self) -> bool:
         """Whether the passes in flight should end early (D18): the stop signal is set, or the budget spent."""
-        return self.asked_to_stop() or (self.deadline is not None and time.monotonic() >= self.deadline)
+        return self.options.asked_to_stop() or (self.deadline is not None and time.monotonic() >= self.deadline)
 
     def work_in_thread(self, line: Line) -> None:
         """Drive the round's runs one after another until none is left or the drive stops."""

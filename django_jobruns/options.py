@@ -40,6 +40,10 @@ class DriveOptions:
     #: Whether ``jobs`` was given (the due read asks for those jobs only), not every registered job.
     limited: bool = False
 
+    def asked_to_stop(self) -> bool:
+        """Whether the drive was asked to stop (SIGTERM, the caller's ``stop``): no new round or claim begins."""
+        return self.stop is not None and self.stop.is_set()
+
     @classmethod
     def from_arguments(
         cls,

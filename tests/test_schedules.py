@@ -490,3 +490,32 @@ def test_schedules_the_database_cannot_answer_for_cost_the_round_its_schedules_n
             cur.execute("ALTER TABLE jobschedule_elsewhere RENAME TO django_jobruns_jobschedule")
     assert report.completed == 1, report
     assert "the schedules could not be read" in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_drive_asked_to_stop_while_its_pass_runs_begins_no_other_round_and_starts_no_tick(behaviour):
+    """SIGTERM (a deploy) arrives while a pass runs and a tick comes due meanwhile: the drive finishes the pass and
+    ends; the tick is left to the drives that go on, and no statement of another round (its due read, on a
+    partitioned link a connect's timeout) is sent."""
+    from django.test.utils import CaptureQueriesContext
+
+    from django_jobruns import start_job_run
+
+    clock = Clock(datetime(2026, 6, 1, 2, 50, tzinfo=UTC))
+    stop = threading.Event()
+
+    def until_sigterm(p):
+        clock.now = datetime(2026, 6, 1, 3, 0, 30, tzinfo=UTC)  # the tick comes due while the pass runs
+        stop.set()
+        return {"done": True}
+
+    behaviour["stopper"] = until_sigterm
+    start_job_run("tests.scripted", instance="stopper")
+    with override_settings(JOBRUNS={"SCHEDULES": every("0 3 * * *")}):
+        with CaptureQueriesContext(connections["default"]) as sent:
+            report = run_due_jobs(now=clock, max_seconds=60, stop=stop)
+    assert report.completed == 1 and report.stopped and report.ticks == 0, report
+    assert runs_of("nightly") == [], "a drive asked to stop started a tick"
+    assert JobSchedule.objects.get(name="nightly").next_tick == datetime(2026, 6, 1, 3, 0, tzinfo=UTC)
+    reads = [query["sql"] for query in sent.captured_queries if "jobschedule" in query["sql"].lower()]
+    assert len([sql for sql in reads if "first_tick" in sql]) == 1, "the schedules were looked at after the stop"
