@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """A task's cost on this app's worker alone: N no-op tasks enqueued, then drained in one process.
 
-    python bench/drain.py --db {sqlite,postgres} [--tasks N]
+    python bench/drain.py --db {sqlite,postgres,mysql} [--tasks N]
 
 The tasks are enqueued in one transaction, then ``run_due_jobs(limit=500)`` is
 called until every one has finished, in this process (no worker to start, no
@@ -25,7 +25,7 @@ from bench.common import drop_database, fresh_database, setup_django  # noqa: E4
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--db", choices=["sqlite", "postgres"], required=True)
+    parser.add_argument("--db", choices=["sqlite", "postgres", "mysql"], required=True)
     parser.add_argument("--tasks", type=int, default=4000)
     args = parser.parse_args()
     os.environ["BENCH_TASKS"] = "ours"

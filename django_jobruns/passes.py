@@ -309,11 +309,10 @@ def _run_pass(
             if claim.store_failure is exc:
                 raise
             raise claim.store_failure from exc
-        wrapper = db.connection()
-        if isinstance(exc, DatabaseError) and not wrapper.in_atomic_block and not wrapper.is_usable():
-            # The server dropped the connection under the pass: record the
-            # failure on a new one rather than losing it with the old.
-            wrapper.close()
+        if isinstance(exc, DatabaseError):
+            # The server dropped the connection under the pass (or it never
+            # opened): record the failure on a new one rather than losing it with the old.
+            db.replace_if_broken()
         if onlookers is not None:
             onlookers.failed(exc)
         outcome = _fail(run, job, claim, p, exc)

@@ -219,11 +219,9 @@ def paced(p: Any) -> dict[str, Any]:
 
 def _still_running(pid: int) -> bool:
     """Whether process ``pid`` still runs (a zombie, ended but not yet reaped, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
+    from django_jobruns.store import sentinel
+
+    return sentinel.state(pid) is not None
 
 
 @job(retry=FAST_RETRY)

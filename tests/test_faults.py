@@ -81,11 +81,6 @@ def test_worker_paused_past_its_lease_is_fenced_out(tmp_path, effects, lapsed):
     worker goes on, its writes are refused (D3, D11) and it reports the pass lost. For real, the lease
     lapses while it is stopped: its sentinel, which ends a process frozen while running (a body holding
     the interpreter's lock), reads that it is stopped and leaves it."""
-    if lapsed == "for real" and connection.vendor == "mysql":
-        pytest.skip(
-            "mysqlclient holds the interpreter's lock in some calls, so each statement arms faulthandler's timer as a "
-            "backstop for a tick after it; a worker stopped within that tick past the timer ends when it is resumed"
-        )
     run, entered, release = blocking_run(tmp_path, effects, "paused")
     lease = "5" if lapsed == "for real" else "60"
     worker = manage("run_due_jobs", "--json", "--lease-ttl", lease, "--holder", "paused-worker")

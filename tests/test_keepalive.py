@@ -128,7 +128,7 @@ def test_a_body_that_holds_the_interpreters_lock_past_its_lease_ends_its_process
     theirs = report_of(other)
     assert [step for _, step in effect_lines(effects)] == ["after:gone"]  # not "after:running", nor "held"
     assert holder.returncode == sentinel.EXIT, err  # the sentinel's signal, whose handler is _exit
-    assert "a body holding the interpreter's lock?" in err and "in crunch" in err, err  # where each thread was
+    assert "holding the interpreter's lock?" in err and "in crunch" in err, err  # where each thread was
     assert theirs["taken_over"] == 1 and theirs["completed"] == 1, theirs
     run.refresh_from_db()
     assert run.status == Status.DONE and run.attempts == 0

@@ -1,4 +1,4 @@
-"""A sentinel process that ends its drive if the drive's process freezes past a lease it holds (D17).
+"""A sentinel process that ends its drive if the drive's process freezes past a lease it holds (D15, D17).
 
 A body that holds the interpreter's lock (one long call into C: a regex that
 backtracks, arithmetic on huge numbers, a parse of hundreds of megabytes)
@@ -8,7 +8,11 @@ the body again beside it. No thread of the process can act then; another
 process can. So a process that keeps a claim starts one small sentinel (this
 file, run by the same interpreter, importing nothing but the standard library)
 and tells it, through a pipe, at each of the watchdog's ticks, the moment just
-before its first kept lease lapses (:func:`tell`).
+before its first kept lease lapses (:func:`tell`). A driver that waits on the
+network holding that lock (mysqlclient's ``commit``, across a partition)
+freezes the process too: the watchdog, which would cut the statement, cannot
+run. So the moment is also, for such a statement, twice its bound after it
+began, if that comes first.
 
 The sentinel ends the drive's process (every thread's traceback printed on
 its standard error first, then :data:`EXIT`, whose handler is ``_exit``) when
@@ -52,6 +56,8 @@ DUMP = signal.SIGRTMIN + 7 if hasattr(signal, "SIGRTMIN") else None
 #: process exits with the signal's number as its status. SIGKILL cannot end a process that is its PID
 #: namespace's first (a container's command, as a Kubernetes CronJob runs it): such a process ignores it.
 EXIT = signal.SIGRTMIN + 8 if hasattr(signal, "SIGRTMIN") else None
+#: The status of a process ended so (``_exit``'s with that signal's number), or that ends itself for the same cause.
+EXIT_STATUS = int(EXIT) if EXIT is not None else 70
 
 _lock = threading.Lock()
 #: The sentinel of this process: its process and the pipe's writing end; ``None`` when there is none.
@@ -80,6 +86,11 @@ def tell(moment: float | None) -> None:
             _drop()  # the sentinel ended: a new one at the next word
 
 
+def watching() -> bool:
+    """Whether a sentinel watches this process (told a moment, and started)."""
+    return _running["fd"] is not None
+
+
 def _start() -> int | None:
     """Start the sentinel (under ``_lock``): the pipe's writing end, or ``None`` where none can run."""
     if not sys.platform.startswith("linux") or DUMP is None or EXIT is None or not sys.executable:
@@ -89,7 +100,7 @@ def _start() -> int | None:
 
     read, write = os.pipe()
     try:
-        faulthandler.register(DUMP, file=_stderr(), all_threads=True, chain=False)
+        faulthandler.register(DUMP, file=stderr(), all_threads=True, chain=False)
         _exit_on(EXIT)
         proc = subprocess.Popen(
             [sys.executable, "-I", "-S", os.path.abspath(__file__), str(os.getpid()), str(read)],
@@ -112,9 +123,8 @@ def _start() -> int | None:
 def _exit_on(signum: int) -> None:
     """Have signal ``signum`` end this process at once, from whatever thread receives it: ``_exit`` its handler."""
     import ctypes
-    import ctypes.util
 
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc = ctypes.CDLL(None, use_errno=True)  # the process's own symbols, libc's among them
     libc.signal.restype = ctypes.c_void_p
     libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
     if libc.signal(int(signum), ctypes.cast(libc["_exit"], ctypes.c_void_p)) == ctypes.c_void_p(-1).value:
@@ -140,7 +150,7 @@ def _drop() -> None:
         proc.poll()
 
 
-def _stderr() -> Any:
+def stderr() -> Any:
     """Where the tracebacks go: ``sys.stderr`` if it is a file, else descriptor 2."""
     try:
         sys.stderr.fileno()
@@ -165,7 +175,7 @@ os.register_at_fork(after_in_child=_forked)
 # -- the sentinel process itself ------------------------------------------------------
 
 
-def _state(pid: int) -> str | None:
+def state(pid: int) -> str | None:
     """Process ``pid``'s state letter from ``/proc`` (``T``: stopped), or ``None`` if it has ended."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
@@ -198,10 +208,10 @@ def watch(parent: int, fd: int) -> None:
                 pending, heard = pending[whole:], now
         if os.getppid() != parent:
             return
-        state = _state(parent)
-        if state is None:
+        letter = state(parent)
+        if letter is None:
             return
-        if state in ("T", "t"):
+        if letter in ("T", "t"):
             waited_since = now
             continue
         if now >= moment and now - max(heard, waited_since) >= GRACE:
@@ -211,8 +221,9 @@ def watch(parent: int, fd: int) -> None:
 
 def _end(parent: int, late: float) -> None:
     message = (
-        f"django_jobruns: process {parent} has run {late:.1f} s past the moment its watchdog named, just before "
-        "a lease it holds lapses, with no thread of it able to renew it (a body holding the interpreter's "
+        f"django_jobruns: process {parent} has run {late:.1f} s past the moment its watchdog named (just before "
+        "a lease it holds lapses, or a statement outlasts twice its bound), with no thread of it able to renew "
+        "the lease or cut the statement (a body, or a driver waiting on the network, holding the interpreter's "
         "lock?); it is ended, as a killed worker would be, so that no other drive runs its run beside it. "
         "Each of its threads was:\n"
     )
@@ -223,7 +234,7 @@ def _end(parent: int, late: float) -> None:
         time.sleep(0.2)  # the parent's handler prints as the signal arrives: a moment for it, within the margin
         os.kill(parent, EXIT)
         time.sleep(0.1)
-        if _state(parent) is not None:
+        if state(parent) is not None:
             os.kill(parent, signal.SIGKILL)
     except ProcessLookupError:
         pass  # it ended meanwhile

@@ -15,21 +15,28 @@ sends on a connection it has just opened (a time zone, an isolation level)
 are bounded as the engine's are, and so is its check of a connection kept
 for reuse (``CONN_HEALTH_CHECKS``), which may open another.
 
-A driver call that waits on the network while holding the interpreter's lock
-(mysqlclient's ``autocommit`` and ``commit`` do) stops every Python thread,
-this one included. For that case a backstop outside the interpreter --
-``faulthandler``'s timer -- ends the process at twice the bound, printing
-where each thread was: the drive ends, and its run is taken over when the
-lease lapses, as after a kill.
+A body can hold the interpreter's lock (one long call into C), and stop
+this thread and the keep-alive's past its lease; so can a driver call that
+waits on the network (mysqlclient can, in some calls). No
+thread of the process can act then; another process can. So this thread
+tells the process's sentinel (:mod:`.sentinel`) at each tick when to end the
+process if it freezes from then on: the moment just before the first kept
+lease lapses by its holder's count (:data:`LAPSE_MARGIN`), or twice an armed
+statement's bound after it was armed, on a driver that can hold the lock
+(:data:`BACKSTOP`), whichever comes first, but never nearer than
+:data:`FLOOR` from now. A process whose threads run pushes that moment on at
+every tick; one frozen past it while running is ended by the sentinel (where
+each thread was printed first), before another drive can take its run, and
+its run is taken over as after a kill. One stopped (SIGSTOP) is left alone:
+resumed, its watchdog speaks again within a tick. Where no sentinel runs (not
+Linux), ``faulthandler``'s timer is the statements' backstop, which cannot
+tell a stopped process from a frozen one.
 
-A body can hold that lock too (one long call into C), and stop this thread
-and the keep-alive's past its lease. For that, while the process keeps a
-claim, this thread tells the process's sentinel (:mod:`.sentinel`, another
-process) at each tick the moment just before the first kept lease lapses by
-its holder's count (:data:`LAPSE_MARGIN`), never nearer than :data:`FLOOR`
-from now: a process whose threads run pushes that moment on at every tick,
-whatever its renewals find; one frozen past it while running is ended by the
-sentinel before another drive can take its run.
+A connection still opening has no socket to cut yet: ``connect_timeout``
+bounds its connect, but not what a driver sends on it before it returns it
+(mysqlclient's ``autocommit``). Past twice its bound, counted in the time this
+thread ran (so that a process merely stopped meanwhile is not ended for it),
+this thread ends the process, printing where each thread was.
 """
 
 from __future__ import annotations
@@ -51,9 +58,12 @@ logger = logging.getLogger("django_jobruns")
 
 _local = threading.local()
 _lock = threading.Lock()
-#: token: (deadline, bound, the socket to cut: one, or none yet while its connection opens)
-_armed: dict[int, tuple[float, float, list[int]]] = {}
+#: token: (deadline, bound, the socket to cut: one, or none yet while its connection opens; when the sentinel
+#: ends the process if it freezes meanwhile, for a statement on a driver that can hold the interpreter's lock)
+_armed: dict[int, tuple[float, float, list[int], float | None]] = {}
 _tokens = itertools.count()
+#: token: how long, of this thread's own running time, a connection has been opening past its deadline
+_overdue: dict[int, float] = {}
 _started = threading.Event()
 #: How often the watchdog looks at the armed statements.
 TICK = 0.1
@@ -63,6 +73,9 @@ LAPSE_MARGIN = 1.0
 #: The moment told to the sentinel is never nearer than this from now: twenty ticks, so a process whose
 #: threads run is never ended, whatever its renewals find.
 FLOOR = 2.0
+#: A statement on a driver that can hold the interpreter's lock ends its frozen process this long past its
+#: bound, counted from its deadline: the watchdog cuts it at its deadline if any thread of the process runs.
+BACKSTOP = 1.0
 #: What says when the first kept lease lapses (monotonic), if any is kept: the keep-alive's.
 _leases: list[Callable[[], float | None]] = []
 #: The moment the sentinel was last told (``None``: that no lease is kept); the lock that keeps each word in
@@ -170,28 +183,38 @@ def _disarm_socket(armed: tuple[int, int] | None) -> None:
 
 
 def _arm(wrapper: Any, deadline: float, bound: float, target: list[int]) -> int:
-    """Have the socket in ``target`` cut once ``deadline`` passes (empty while its connection opens: not yet)."""
+    """Have the socket in ``target`` cut once ``deadline`` passes (empty while its connection opens: not yet).
+
+    On a driver that can hold the interpreter's lock as it waits, the sentinel
+    is told first, in this thread, when to end the process if it freezes in
+    the statement: past its bound twice over.
+    """
     token = next(_tokens)
+    holds = vendors.of(wrapper).holds_the_lock
     with _lock:
-        _armed[token] = (deadline, bound, target)
-        if vendors.of(wrapper).holds_the_lock:
-            _arm_backstop(time.monotonic(), bound)
+        _armed[token] = (deadline, bound, target, deadline + bound + BACKSTOP if holds else None)
     start()
+    if holds:
+        _tell_sentinel(time.monotonic(), sooner_only=True)
+        if not sentinel.watching():
+            with _lock:
+                _arm_backstop(time.monotonic(), bound)
     return token
 
 
 def _disarm(token: int) -> None:
     with _lock:
         _armed.pop(token, None)
+        _overdue.pop(token, None)
 
 
 _backstop: list[float] = []  # when the armed backstop fires, if one is armed
 
 
 def _arm_backstop(now: float, bound: float) -> None:
-    """Arm ``faulthandler``'s timer to end the process twice the bound from now (under ``_lock``).
+    """Where no sentinel runs: arm ``faulthandler``'s timer to end the process twice the bound from now.
 
-    Re-armed only when less than a bound is left (arming starts a thread); the
+    Called under ``_lock``. Re-armed only when less than a bound is left (arming starts a thread); the
     watchdog disarms it once nothing has been armed for a tick.
     """
     if _backstop and _backstop[0] - now > bound + 1:
@@ -216,15 +239,18 @@ def kept() -> None:
 
 
 def _tell_sentinel(now: float, *, sooner_only: bool = False) -> None:
-    """Tell the sentinel when to end this process if it freezes from now on, or that it holds no lease."""
+    """Tell the sentinel when to end this process if it freezes from now on, or that nothing is at stake."""
     with _telling:
         lapse = _leases[0]() if _leases else None
-        if lapse is None:
+        with _lock:
+            backstops = [armed[3] for armed in _armed.values() if armed[3] is not None]
+        ends = [*backstops] if lapse is None else [lapse - LAPSE_MARGIN, *backstops]
+        if not ends:
             if _told[0] is not None:
                 _told[0] = None
                 sentinel.tell(None)
             return
-        moment = max(lapse - LAPSE_MARGIN, now + FLOOR)
+        moment = max(min(ends), now + FLOOR)
         if sooner_only and _told[0] is not None and _told[0] <= moment:
             return
         _told[0] = moment
@@ -236,6 +262,7 @@ def _forked() -> None:
     global _lock, _telling
     _lock, _telling = threading.Lock(), threading.Lock()  # perhaps held by a thread the child does not have
     _armed.clear()
+    _overdue.clear()
     _started.clear()
     _told[0] = None
 
@@ -261,19 +288,42 @@ def start() -> None:
 
 def _watch() -> None:
     idle = threading.Event()
+    previous = time.monotonic()
     while True:
         idle.wait(TICK)
         now = time.monotonic()
+        # What this thread ran since its last look; a longer gap is time the process was stopped (or starved).
+        ran, previous = min(now - previous, 2 * TICK), now
         with _lock:
-            for token, (deadline, bound, target) in list(_armed.items()):
-                if now >= deadline:
-                    if target:  # else still connecting, which ``connect_timeout`` bounds
-                        _armed.pop(token)
-                        _cut(target[0], bound)
+            for token, (deadline, bound, target, _) in list(_armed.items()):
+                if now < deadline:
+                    continue
+                if target:
+                    _armed.pop(token)
+                    _cut(target[0], bound)
+                    continue
+                # Still opening, with no socket to cut yet: ``connect_timeout`` bounds the connect, but not
+                # what a driver sends on it before it returns it (mysqlclient's ``autocommit``).
+                _overdue[token] = _overdue.get(token, 0.0) + ran
+                if _overdue[token] >= bound + BACKSTOP:
+                    _end_opening(bound)
             if _backstop and not _armed:
                 faulthandler.cancel_dump_traceback_later()
                 _backstop.clear()
         _tell_sentinel(now)
+
+
+def _end_opening(bound: float) -> None:
+    """End this process: a connection outlasted twice its bound as it opened, and nothing else can end the wait."""
+    logger.error(
+        "a connection outlasted twice its bound of %.1f s as it opened (a partition?), with no socket to cut yet: "
+        "the process ends, as a killed worker would, its runs taken over when their leases lapse. Each of its "
+        "threads was:",
+        bound,
+    )
+    with contextlib.suppress(Exception):
+        faulthandler.dump_traceback(file=sentinel.stderr(), all_threads=True)
+    os._exit(sentinel.EXIT_STATUS)
 
 
 def _cut(fd: int, bound: float) -> None:
