@@ -8,11 +8,12 @@ the body again beside it. No thread of the process can act then; another
 process can. So a process that keeps a claim starts one small sentinel (this
 file, run by the same interpreter, importing nothing but the standard library)
 and tells it, through a pipe, at each of the watchdog's ticks, the moment just
-before its first kept lease lapses (:func:`tell`). A driver that waits on the
-network holding that lock (mysqlclient's ``commit``, across a partition)
-freezes the process too: the watchdog, which would cut the statement, cannot
-run. So the moment is also, for such a statement, twice its bound after it
-began, if that comes first.
+before its first kept lease lapses (:func:`tell`). A driver that may wait on
+the network holding that lock (mysqlclient, in some calls, across a partition)
+would freeze the process too, and the watchdog, which cuts a statement past
+its bound, could not run. So on such a driver the sentinel starts with the
+first statement, and the moment is also, for each statement, twice its bound
+after it began, if that comes first.
 
 The sentinel ends the drive's process (every thread's traceback printed on
 its standard error first, then :data:`EXIT`, whose handler is ``_exit``) when
