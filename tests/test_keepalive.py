@@ -134,6 +134,29 @@ def test_a_body_that_holds_the_interpreters_lock_past_its_lease_ends_its_process
     assert run.status == Status.DONE and run.attempts == 0
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sentinel is Linux's")
+def test_a_body_that_closes_every_descriptor_gets_no_word_of_the_sentinels_in_its_own_file(tmp_path):
+    """A body that closes every descriptor of its process (``os.closerange``, as code that makes itself a daemon
+    does) closes the sentinel's pipe too, and the number is then one of the body's files: the next word is not
+    written there. A new sentinel watches the process from that word on; the old one has ended."""
+    far = time.monotonic() + 3600
+    sentinel.tell(far)
+    first, fd = sentinel._running["proc"], sentinel._running["fd"]
+    assert first is not None and fd is not None
+    mine = tmp_path / "mine"
+    opened = os.open(mine, os.O_WRONLY | os.O_CREAT)
+    try:
+        os.dup2(opened, fd)  # the pipe's end closed, its number now the body's file
+        sentinel.tell(far)
+        sentinel.tell(None)
+    finally:
+        os.close(opened)
+    assert mine.read_bytes() == b""
+    assert sentinel.watching() and sentinel._running["proc"] is not first
+    assert first.wait(timeout=30) == 0  # it read the pipe's end: its process was gone, for all it knew
+    os.close(fd)  # the body's, which the engine must not have closed for it
+
+
 @pytest.mark.slow
 def test_a_task_three_leases_long_runs_once_and_is_never_taken_over(tmp_path, effects):
     """D17 for a ``@task`` (the backend's LEASE_TTL is 5 s in the test settings)."""

@@ -61,8 +61,9 @@ EXIT = signal.SIGRTMIN + 8 if hasattr(signal, "SIGRTMIN") else None
 EXIT_STATUS = int(EXIT) if EXIT is not None else 70
 
 _lock = threading.Lock()
-#: The sentinel of this process: its process and the pipe's writing end; ``None`` when there is none.
-_running: dict[str, Any] = {"proc": None, "fd": None, "refused": False}
+#: The sentinel of this process: its process, the pipe's writing end and what the pipe is (its device and
+#: inode: a body that closes every descriptor leaves the number to its own files); ``None`` when there is none.
+_running: dict[str, Any] = {"proc": None, "fd": None, "pipe": None, "refused": False}
 _WORD = struct.Struct("d")
 
 
@@ -73,6 +74,9 @@ def tell(moment: float | None) -> None:
     """
     with _lock:
         fd = _running["fd"]
+        if fd is not None and not _ours(fd):
+            _drop(closing=False)  # closed under us: the number is someone else's now
+            fd = None
         if fd is None:
             if moment is None or _running["refused"]:
                 return
@@ -117,8 +121,21 @@ def _start() -> int | None:
         return None
     os.close(read)
     os.set_blocking(write, False)
-    _running.update(proc=proc, fd=write)
+    _running.update(proc=proc, fd=write, pipe=_identity(write))
     return write
+
+
+def _identity(fd: int) -> tuple[int, int] | None:
+    try:
+        status = os.fstat(fd)
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino
+
+
+def _ours(fd: int) -> bool:
+    """Whether ``fd`` is still the sentinel's pipe (not closed, nor reused for another file since)."""
+    return bool(_identity(fd) == _running["pipe"])
 
 
 def _exit_on(signum: int) -> None:
@@ -142,10 +159,10 @@ def _refuse(why: str, level: int) -> None:
     )
 
 
-def _drop() -> None:
+def _drop(*, closing: bool = True) -> None:
     fd, proc = _running["fd"], _running["proc"]
-    _running.update(fd=None, proc=None)
-    if fd is not None:
+    _running.update(fd=None, proc=None, pipe=None)
+    if fd is not None and closing:
         os.close(fd)
     if proc is not None:
         proc.poll()
@@ -165,7 +182,7 @@ def _forked() -> None:
     global _lock
     _lock = threading.Lock()
     fd = _running["fd"]
-    _running.update(fd=None, proc=None, refused=False)
+    _running.update(fd=None, proc=None, pipe=None, refused=False)
     if fd is not None:
         os.close(fd)
 
