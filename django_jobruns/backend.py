@@ -38,6 +38,7 @@ from .task_results import (
     TaskPayload,
     TaskResult,
     _json_form,
+    attempt_error,
     build_result,
     task_backends,
     task_enqueued,
@@ -375,7 +376,7 @@ def _finished(sender: Any, result: Any, status: Any, value: Any = None) -> Finis
         object.__setattr__(result, "status", status)
         object.__setattr__(result, "finished_at", ended_at)
         if error_class is not None:
-            result.errors.append(TaskError(exception_class_path=error_class, traceback=traceback or ""))
+            result.errors.append(attempt_error(error_class, traceback))
         if status == TaskResultStatus.SUCCESSFUL:
             object.__setattr__(result, "_return_value", value)
         task_finished.send(sender, task_result=result)

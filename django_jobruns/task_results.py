@@ -118,7 +118,7 @@ def build_result(
     errors = []
     for index, a in enumerate(attempts):
         if a.error_class:
-            errors.append(TaskError(exception_class_path=a.error_class, traceback=a.traceback or ""))
+            errors.append(attempt_error(a.error_class, a.traceback))
         elif a.ended_at is None and (finished or index < len(attempts) - 1):
             # Never ended, and another attempt came (or the run ended): its worker died.
             errors.append(_stopped_reporting(a.holder))
@@ -150,6 +150,11 @@ def build_result(
     if status == TaskResultStatus.SUCCESSFUL:
         object.__setattr__(result, "_return_value", run.cursor_value)
     return result
+
+
+def attempt_error(error_class: str, traceback: str | None) -> Any:
+    """An attempt's error as Django's framework reports it: its class's dotted path and its traceback."""
+    return TaskError(exception_class_path=error_class, traceback=traceback or "")
 
 
 def _stopped_reporting(holder: str) -> Any:
