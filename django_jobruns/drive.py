@@ -118,7 +118,7 @@ def _drive(report: DriveReport, options: DriveOptions, traced: telemetry.Traced 
         with notify.Waiter(options.stop, options.statement_bound) as waiter:
             while True:
                 worked = _round_on_a_live_connection(report, options, deadline, traced, crew, waiter)
-                if report.stopped or options.asked_to_stop() or time.monotonic() >= deadline:
+                if report.stopped or options.ending(deadline):
                     break  # asked to stop as the round's last pass ran: no other round begun
                 if not worked:
                     waiter.wait(until_next_tick(report, options.clock(), deadline))
@@ -157,7 +157,7 @@ def _round_on_a_live_connection(
     """
     first: BaseException | None = None
     for attempt in (1, 2):
-        if attempt == 2 and (options.asked_to_stop() or deadline is not None and time.monotonic() >= deadline):
+        if attempt == 2 and options.ending(deadline):
             break  # asked to stop, or the budget spent: no new connection begun past it
         try:
             worked = _Drive(report, options, deadline, traced, crew, waiter).round()
@@ -263,7 +263,7 @@ class _Drive:
 
     def ending(self) -> bool:
         """Whether the passes in flight should end early (D18): the stop signal is set, or the budget spent."""
-        return self.options.asked_to_stop() or (self.deadline is not None and time.monotonic() >= self.deadline)
+        return self.options.ending(self.deadline)
 
     def work_in_thread(self, line: Line) -> None:
         """Drive the round's runs one after another until none is left or the drive stops."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
@@ -43,6 +44,10 @@ class DriveOptions:
     def asked_to_stop(self) -> bool:
         """Whether the drive was asked to stop (SIGTERM, the caller's ``stop``): no new round or claim begins."""
         return self.stop is not None and self.stop.is_set()
+
+    def ending(self, deadline: float | None) -> bool:
+        """Whether the drive is ending (D18): asked to stop, or its budget (``deadline``, monotonic) spent."""
+        return self.asked_to_stop() or (deadline is not None and time.monotonic() >= deadline)
 
     @classmethod
     def from_arguments(
