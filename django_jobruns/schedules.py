@@ -297,8 +297,13 @@ def _has_schedules() -> bool:
 
 
 def fire(schedule: Schedule, tick: datetime, now: datetime, ticks: Ticks) -> None:
-    """Start ``schedule``'s tick ``tick`` if no other drive has: the compare-and-set and the start, one transaction.
+    """Start ``schedule``'s tick ``tick`` if no other drive has: the compare-and-set, then the start.
 
+    A job run, or a task on this app's backend, starts in the compare-and-set's
+    transaction: exactly once. A task on another backend is enqueued once that
+    transaction has committed: at most once, and never in it (Django's
+    ImmediateBackend runs the body right there; a database error in it would
+    undo the compare-and-set and the tick would start again at every look).
     Ticks missed meanwhile start once, for the latest; the next tick is the
     first after ``now``. A job not registered in this process, or a task it
     cannot import, is left for a process that can (named once).
@@ -308,6 +313,7 @@ def fire(schedule: Schedule, tick: datetime, now: datetime, ticks: Ticks) -> Non
     latest = schedule.latest_until(now) or tick
     alias = db.alias()
     try:
+        ours = _starts_in_our_transaction(schedule)
         with transaction.atomic(using=alias):
             advanced = (
                 JobSchedule.objects.using(alias)
@@ -316,15 +322,14 @@ def fire(schedule: Schedule, tick: datetime, now: datetime, ticks: Ticks) -> Non
             )
             if advanced != 1:
                 return  # another drive started this tick
-            with telemetry.ticking(schedule.name, schedule.target, latest):
-                run_id, created = start(schedule)
-            counter = "ticks" if created else "joined"
-            JobSchedule.objects.using(alias).filter(name=schedule.name).update(
-                last_run_id=run_id, **{counter: F(counter) + 1}
-            )
+            if ours:
+                run_id, created = _start_and_record(schedule, latest, now, ours)
+        if not ours:
+            run_id, created = _start_and_record(schedule, latest, now, ours)
     except Exception as exc:
         # Checks name a schedule that cannot start (jobruns.E020-E022); one that fails anyway is named
-        # once per process, and tried again at the next look.
+        # once per process. Its tick is tried again at the next look, unless it was already advanced (a
+        # task on another backend).
         if (schedule.name, "failed") not in _said:
             _said.add((schedule.name, "failed"))
             logger.error("schedule %r could not start its tick at %s: %s", schedule.name, latest.isoformat(), exc)
@@ -334,6 +339,30 @@ def fire(schedule: Schedule, tick: datetime, now: datetime, ticks: Ticks) -> Non
     else:
         ticks.joined += 1
         logger.info("schedule %r: its run %s is still live; the tick joined it", schedule.name, run_id)
+
+
+def _starts_in_our_transaction(schedule: Schedule) -> bool:
+    """Whether the schedule's start is a write of this app's (a job run, or a task on this app's backend)."""
+    if schedule.job is not None:
+        return True
+    from .backend import JobRunsBackend
+
+    return isinstance(import_string(str(schedule.task)).get_backend(), JobRunsBackend)
+
+
+def _start_and_record(schedule: Schedule, tick: datetime, now: datetime, ours: bool) -> tuple[str, bool]:
+    """Start the schedule's run for ``tick`` and count it on the schedule's row: (the run's id, whether it is new).
+
+    The row keeps the run's id when the run is this app's; a task on another
+    backend is that backend's to report (its ids are not runs here).
+    """
+    with telemetry.ticking(schedule.name, schedule.target, tick):
+        run_id, created = start(schedule)
+    counter = "ticks" if created else "joined"
+    JobSchedule.objects.using(db.alias()).filter(name=schedule.name).update(
+        last_run_id=run_id if ours else None, updated_at=now, **{counter: F(counter) + 1}
+    )
+    return run_id, created
 
 
 def _startable(schedule: Schedule) -> bool:
@@ -388,12 +417,7 @@ def run_now(name: str) -> tuple[str, bool]:
         )
     now = db.now()
     sync(now)
-    run_id, created = start(schedule)
-    counter = "ticks" if created else "joined"
-    JobSchedule.objects.using(db.alias()).filter(name=name).update(
-        last_run_id=run_id, updated_at=now, **{counter: F(counter) + 1}
-    )
-    return run_id, created
+    return _start_and_record(schedule, now, now, _starts_in_our_transaction(schedule))
 
 
 def pause(name: str) -> bool:

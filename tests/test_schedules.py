@@ -287,6 +287,33 @@ def test_a_task_schedule_enqueues_its_task_on_its_backend():
     assert json.loads(JobRun.objects.get(pk=row.last_run_id).cursor) == 5
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("fail", [False, True], ids=["body returns", "body's statement fails"])
+def test_a_task_schedule_on_another_backend_starts_once_per_tick_outside_the_ticks_transaction(tmp_path, caplog, fail):
+    """Django's ImmediateBackend runs the body at enqueue: not inside the tick's compare-and-set, whose
+    transaction a database error in the body would spoil (on PostgreSQL), undoing the tick to start it again.
+    Its result's id (32 characters) is no run of this app's: the schedule's row does not keep it."""
+    log = tmp_path / "log"
+    clock = Clock(datetime(2026, 6, 1, 2, 59, tzinfo=UTC))
+    task = "tests.support.task_functions.immediate_note"
+    spec = {"imm": {"task": task, "cron": "0 3 * * *", "timezone": "UTC", "args": [str(log), fail]}}
+    with override_settings(JOBRUNS={"SCHEDULES": spec}), caplog.at_level("ERROR", logger="django_jobruns"):
+        run_due_jobs(now=clock)
+        clock.now += timedelta(minutes=2)
+        reports = [run_due_jobs(now=clock) for _ in range(3)]
+    assert log.read_text().splitlines() == ["ran in_atomic_block=False"], "once, outside any transaction"
+    assert [report.ticks for report in reports] == [1, 0, 0], caplog.text
+    row = JobSchedule.objects.get(name="imm")
+    assert row.ticks == 1 and row.next_tick == datetime(2026, 6, 2, 3, 0, tzinfo=UTC)
+    assert row.last_run_id is None, "the task's result is its backend's"
+    with override_settings(JOBRUNS={"SCHEDULES": spec}):
+        run_id, created = schedules.run_now("imm")
+    assert created and len(run_id) == 32 and log.read_text().count("ran") == 2
+    assert JobSchedule.objects.get(name="imm").ticks == 2
+    ours = [record.getMessage() for record in caplog.records if record.name == "django_jobruns"]
+    assert ours == [], "the tick started; its task failed on its backend, which says so"
+
+
 def test_the_checks_name_each_schedule_that_cannot_work(settings):
     settings.JOBRUNS = {
         "SCHEDULES": {
