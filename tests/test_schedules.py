@@ -295,7 +295,7 @@ def test_a_task_schedule_on_another_backend_starts_once_per_tick_outside_the_tic
     Its result's id (32 characters) is no run of this app's: the schedule's row does not keep it."""
     log = tmp_path / "log"
     clock = Clock(datetime(2026, 6, 1, 2, 59, tzinfo=UTC))
-    task = "tests.support.task_functions.immediate_note"
+    task = "tests.support.immediate_tasks.immediate_note"
     spec = {"imm": {"task": task, "cron": "0 3 * * *", "timezone": "UTC", "args": [str(log), fail]}}
     with override_settings(JOBRUNS={"SCHEDULES": spec}), caplog.at_level("ERROR", logger="django_jobruns"):
         run_due_jobs(now=clock)

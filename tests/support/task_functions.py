@@ -232,17 +232,3 @@ async def cancelled() -> None:
 def interrupted() -> None:
     """Raises ``KeyboardInterrupt`` (Ctrl-C while it ran)."""
     raise KeyboardInterrupt
-
-
-@task(backend="reference")
-def immediate_note(log: str, fail: bool) -> None:
-    """On Django's ImmediateBackend: a line in ``log`` (whether in a transaction), then if ``fail`` a statement
-    the database refuses."""
-    from django.db import connection
-
-    with open(log, "a") as out:
-        out.write(f"ran in_atomic_block={connection.in_atomic_block}\n")
-    if not fail:
-        return
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT * FROM no_such_table_of_the_tests")
