@@ -12,7 +12,7 @@ from django.core.management.base import CommandError
 from django.utils import timezone
 
 from django_jobruns import start_job_run
-from django_jobruns.models import JobRun, JobStep, Status
+from django_jobruns.models import JobRun, JobSchedule, JobStep, Status
 from tests.conftest import manage
 
 pytestmark = pytest.mark.django_db
@@ -225,3 +225,24 @@ def test_job_runs_lines_up_its_columns_whatever_their_widths():
     starts = [line.index("just now") for line in lines]  # the age column starts alike on every line
     assert starts[0] == starts[1], lines
     assert all("\xa0" not in line for line in lines)
+
+
+def test_health_fails_when_a_schedules_tick_waited_past_the_lag_to_start_and_a_paused_one_does_not():
+    """Periodic work only, and no drive looking (cron broken): the schedules' due tick says so."""
+    from django.test import override_settings
+
+    from django_jobruns import schedules
+
+    spec = {"nightly": {"job": "tests.walk", "cron": "0 3 * * *", "timezone": "UTC", "instance": "nightly"}}
+    schedules.forget_sync()
+    with override_settings(JOBRUNS={"SCHEDULES": spec}):
+        schedules.sync(timezone.now() - timedelta(days=1, minutes=10))  # last looked at a day ago
+        tick = JobSchedule.objects.get(name="nightly").next_tick
+        code, out, err = health("--max-lag", "60")
+        assert code == 1 and f"schedule 'nightly': its tick at {tick.isoformat()} has waited" in err, (out, err)
+        report = json.loads(health("--max-lag", "60", "--json")[1])
+        assert report["late_schedule"] == "nightly" and report["late_tick_wait_seconds"] > 590
+        schedules.pause("nightly")
+        code, out, err = health("--max-lag", "60")
+        assert code == 0 and json.loads(health("--json")[1])["late_schedule"] is None, (out, err)
+    schedules.forget_sync()

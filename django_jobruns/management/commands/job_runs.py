@@ -13,7 +13,7 @@ from django.utils.timesince import timesince
 
 from django_jobruns import db
 from django_jobruns.management.scheduled import ScheduledCommand
-from django_jobruns.models import JobAttempt, JobRun, JobStep, Status
+from django_jobruns.models import JobAttempt, JobRun, JobSchedule, JobStep, Status
 from django_jobruns.records import STATES, JobRunRecord, in_state, list_limit, of_job
 
 from .run_due_jobs import first_line, seconds
@@ -127,6 +127,13 @@ class Command(ScheduledCommand):
             lapsed = JobRun.objects.using(db.alias()).lapsed(lag_cutoff)
             lapsed_count = lapsed.count()
             first = list(oldest)
+            # Periodic work is started only by drives: a tick left waiting says none is looking at it.
+            late = list(
+                JobSchedule.objects.using(db.alias())
+                .filter(paused_at__isnull=True, removed_at__isnull=True, next_tick__lt=lag_cutoff)
+                .order_by("next_tick")
+                .values_list("name", "next_tick")[:1]
+            )
             counts = {
                 "due": due.count(),
                 "running": JobRun.objects.using(db.alias()).filter(status=Status.RUNNING).count(),
@@ -143,6 +150,14 @@ class Command(ScheduledCommand):
                 f"the oldest due run ({first[0][0]}) has waited {wait:.0f} s, over {max_lag:g} s: no drive is "
                 "taking runs (is run_due_jobs scheduled, and its jobs registered?)"
             )
+        late_name, late_tick = late[0] if late else (None, None)
+        tick_wait = _seconds(late_tick, now) if late_tick is not None else None
+        if late_tick is not None:
+            problems.append(
+                f"schedule {late_name!r}: its tick at {late_tick.isoformat()} has waited {tick_wait:.0f} s to "
+                f"start, over {max_lag:g} s: no drive is looking at the schedules (is run_due_jobs scheduled?), or "
+                "the tick cannot start (the drives' log names why)"
+            )
         if lapsed_count:
             problems.append(
                 f"{lapsed_count} run(s) have a lease that lapsed over {max_lag:g} s ago and no drive took them "
@@ -154,6 +169,8 @@ class Command(ScheduledCommand):
             "oldest_due_wait_seconds": round(wait, 3) if first else None,  # nothing due: no wait to speak of
             "oldest_due_run": first[0][0] if first else None,
             "lapsed_untaken": lapsed_count,
+            "late_schedule": late_name,
+            "late_tick_wait_seconds": round(tick_wait, 3) if tick_wait is not None else None,
             **counts,
             "max_lag_seconds": max_lag,
         }
