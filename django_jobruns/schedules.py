@@ -313,7 +313,7 @@ def fire(schedule: Schedule, tick: datetime, now: datetime, ticks: Ticks) -> Non
     latest = schedule.latest_until(now) or tick
     alias = db.alias()
     try:
-        ours = _starts_in_our_transaction(schedule)
+        ours = _runs_here(schedule)
         with transaction.atomic(using=alias):
             advanced = (
                 JobSchedule.objects.using(alias)
@@ -341,8 +341,8 @@ def fire(schedule: Schedule, tick: datetime, now: datetime, ticks: Ticks) -> Non
         logger.info("schedule %r: its run %s is still live; the tick joined it", schedule.name, run_id)
 
 
-def _starts_in_our_transaction(schedule: Schedule) -> bool:
-    """Whether the schedule's start is a write of this app's (a job run, or a task on this app's backend)."""
+def _runs_here(schedule: Schedule) -> bool:
+    """Whether the schedule's runs are this app's: a job's, or a task's on this app's backend (a write here)."""
     if schedule.job is not None:
         return True
     from .backend import JobRunsBackend
@@ -407,17 +407,31 @@ def start(schedule: Schedule) -> tuple[str, bool]:
 def run_now(name: str) -> tuple[str, bool]:
     """Start a schedule's run (or task) now, outside its ticks: (the run's id, whether it is new).
 
+    For a task on another backend the id is that backend's (:func:`runs_here` says which).
     ``KeyError`` naming the schedules there are, for a name settings do not declare.
     """
+    schedule = _declared(name)
+    now = db.now()
+    sync(now)
+    return _start_and_record(schedule, now, now, _runs_here(schedule))
+
+
+def runs_here(name: str) -> bool:
+    """Whether schedule ``name``'s runs are this app's runs (a job, or a task on this app's backend).
+
+    ``KeyError`` as :func:`run_now`.
+    """
+    return _runs_here(_declared(name))
+
+
+def _declared(name: str) -> Schedule:
     schedules, _ = declared()
     schedule = schedules.get(name)
     if schedule is None:
         raise KeyError(
             f"no schedule {name!r} in JOBRUNS['SCHEDULES'] (there are: {', '.join(sorted(schedules)) or 'none'})"
         )
-    now = db.now()
-    sync(now)
-    return _start_and_record(schedule, now, now, _starts_in_our_transaction(schedule))
+    return schedule
 
 
 def pause(name: str) -> bool:

@@ -421,6 +421,35 @@ def test_the_admins_run_now_pause_and_unpause_are_post_only_and_permission_check
     assert len(runs_of("nightly")) == 1
 
 
+@pytest.mark.django_db(transaction=True)
+def test_the_admins_run_now_of_a_task_on_another_backend_says_so_and_links_no_run_and_a_failure_is_a_message(
+    admin_client, tmp_path
+):
+    from django.urls import reverse
+
+    log = tmp_path / "log"
+    task = "tests.support.immediate_tasks.immediate_note"
+    spec = {"imm": {"task": task, "cron": "0 3 * * *", "timezone": "UTC", "args": [str(log), False]}}
+    with override_settings(JOBRUNS={"SCHEDULES": spec}):
+        schedules.sync(datetime.now(UTC))
+        steer = reverse("admin:django_jobruns_jobschedule_steer", args=["imm"])
+        page = admin_client.post(steer, {"verb": "run_now"}, follow=True).content.decode()
+        assert re.search(r"Enqueued task \w{32} of schedule imm on its backend", page), page
+        assert "/django_jobruns/jobrun/" not in page.split('class="messagelist"')[1].split("</ul>")[0]
+        assert log.read_text() == "ran in_atomic_block=False\n"
+        assert re.fullmatch(
+            r"enqueued task \w{32} of schedule 'imm' on its backend", call("job_schedules", "--run", "imm")
+        )
+    broken = {"imm": {**spec["imm"], "args": [{"a set"}, False]}}  # Django's enqueue refuses it
+    with override_settings(JOBRUNS={"SCHEDULES": broken}):
+        response = admin_client.post(steer, {"verb": "run_now"}, follow=True)
+        assert response.status_code == 200
+        assert "Schedule imm could not start: TypeError: " in response.content.decode()
+        with pytest.raises(CommandError, match=r"^schedule 'imm' could not start: TypeError: "):
+            call("job_schedules", "--run", "imm")
+    assert log.read_text().count("ran") == 2
+
+
 @pytest.mark.django_db
 def test_the_overview_shows_the_next_tick(admin_client):
     from django.urls import reverse

@@ -22,6 +22,7 @@ from django.views.decorators.http import require_POST
 
 from .. import db, schedules
 from ..models import JobRun, JobSchedule
+from ..outcomes import summary
 from .display import change_url, exact_time, within
 
 STEER_SCHEDULE_PERMISSION = "django_jobruns.steer_jobschedule"
@@ -141,11 +142,19 @@ class JobScheduleAdmin(_ScheduleAdminBase):
         if verb == "run_now":
             try:
                 run_id, created = schedules.run_now(name)
+                here = schedules.runs_here(name)
             except KeyError as exc:
                 self.message_user(request, str(exc.args[0]), messages.ERROR)
                 return
-            said = "Started" if created else "Joined the live"
-            text = format_html('{} run <a href="{}">{}</a> of schedule {}.', said, change_url(run_id), run_id, name)
+            except Exception as exc:  # the job's start or the task's enqueue refused: said, not a server error
+                said = summary(exc).splitlines()[0]
+                self.message_user(request, f"Schedule {name} could not start: {said}", messages.ERROR)
+                return
+            if here:
+                said = "Started" if created else "Joined the live"
+                text = format_html('{} run <a href="{}">{}</a> of schedule {}.', said, change_url(run_id), run_id, name)
+            else:
+                text = format_html("Enqueued task {} of schedule {} on its backend.", run_id, name)
             self.message_user(request, text, messages.SUCCESS)
         elif verb in ("pause", "unpause"):
             changed = schedules.pause(name) if verb == "pause" else schedules.unpause(name)

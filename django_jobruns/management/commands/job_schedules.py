@@ -11,6 +11,7 @@ from django.db import DatabaseError
 from django_jobruns import db, schedules
 from django_jobruns.management.scheduled import ScheduledCommand
 from django_jobruns.models import JobRun, JobSchedule
+from django_jobruns.outcomes import summary
 
 from .run_due_jobs import first_line
 
@@ -43,7 +44,14 @@ class Command(ScheduledCommand):
             run_id, created = schedules.run_now(name)
         except KeyError as exc:
             raise CommandError(str(exc.args[0])) from None
-        self.stdout.write(f"{'started' if created else 'joined live'} run {run_id} of schedule {name!r}")
+        except DatabaseError:
+            raise
+        except Exception as exc:  # the job's start or the task's enqueue refused
+            raise CommandError(f"schedule {name!r} could not start: {summary(exc).splitlines()[0]}") from None
+        if schedules.runs_here(name):
+            self.stdout.write(f"{'started' if created else 'joined live'} run {run_id} of schedule {name!r}")
+        else:
+            self.stdout.write(f"enqueued task {run_id} of schedule {name!r} on its backend")
 
     def list(self, *, as_json: bool) -> None:
         declared, problems = schedules.declared()
