@@ -73,7 +73,7 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
     from .exceptions import QueueUnsafe
     from .queue_safety import dump_queue_safe
     from .registry import lookup
-    from .schedules import declared
+    from .schedule_specs import declared
 
     found, problems = declared()
     messages: list[checks.CheckMessage] = [checks.Error(problem, id="jobruns.E020") for problem in problems]

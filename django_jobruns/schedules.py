@@ -1,9 +1,7 @@
 """Schedules: periodic runs and tasks, started by the drives themselves, each tick once (S1-S5).
 
-``JOBRUNS["SCHEDULES"]`` names each schedule: a job (``"job": "app.name"``,
-``instance``, ``payload``) or a task (``"task": "dotted.path"``, ``args``,
-``kwargs``), a five-field ``cron`` expression and a ``timezone`` (the project's
-``TIME_ZONE`` by default). There is no beat and no leader: every
+``JOBRUNS["SCHEDULES"]`` declares them (read by :mod:`django_jobruns.schedule_specs`).
+There is no beat and no leader: every
 ``run_due_jobs`` reads the schedules' state (:class:`~django_jobruns.models.JobSchedule`,
 one cheap read a round) and starts the ticks that are due, each in a
 transaction that first advances the schedule's ``next_tick`` by a
@@ -20,12 +18,10 @@ from __future__ import annotations
 
 import logging
 import time
-import zoneinfo
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from cronsim import CronSim, CronSimError
 from django.conf import settings
 from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import F
@@ -35,121 +31,12 @@ from . import db, telemetry
 from .models import JobRun, JobSchedule
 from .registry import lookup
 from .report import DriveReport
+from .schedule_specs import Schedule, declared
 
 logger = logging.getLogger("django_jobruns")
 
-#: The keys a schedule may have, by kind.
-_JOB_KEYS = {"job", "cron", "timezone", "instance", "payload"}
-_TASK_KEYS = {"task", "cron", "timezone", "args", "kwargs"}
 #: At most this many due schedules are started in one round (the rest in the next).
 ROUND_MAX = 1000
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """One schedule as settings declare it, checked."""
-
-    name: str
-    cron: str
-    zone: zoneinfo.ZoneInfo
-    job: str | None = None
-    instance: str | None = None
-    payload: Any = None
-    task: str | None = None
-    args: tuple[Any, ...] = ()
-    kwargs: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def target(self) -> str:
-        return f"job {self.job}" if self.job is not None else f"task {self.task}"
-
-    def next_after(self, moment: datetime) -> datetime:
-        """The first tick strictly after ``moment``, in UTC."""
-        return next(CronSim(self.cron, moment.astimezone(self.zone))).astimezone(UTC)
-
-    def latest_until(self, moment: datetime) -> datetime | None:
-        """The last tick at or before ``moment`` (``None`` if there is none in the past year), in UTC."""
-        # cronsim's reverse walk starts strictly before its start: a second later, a tick at ``moment`` counts.
-        start = moment.astimezone(self.zone).replace(microsecond=0) + timedelta(seconds=1)
-        for tick in CronSim(self.cron, start, reverse=True):
-            return tick.astimezone(UTC)
-        return None
-
-    def explain(self) -> str:
-        """The expression in words (``At 03:00 every day``)."""
-        return str(CronSim(self.cron, datetime.now(self.zone)).explain())
-
-
-def parse(name: Any, spec: Any) -> Schedule:
-    """``spec`` (a dict of ``JOBRUNS["SCHEDULES"]``) as a :class:`Schedule`; ``ValueError`` naming what is wrong."""
-    where = f"JOBRUNS['SCHEDULES'][{name!r:.100}]"
-    if not isinstance(name, str) or not name or len(name) > 200:
-        raise ValueError(f"{where}: a schedule's name must be text of 1 to 200 characters")
-    if not isinstance(spec, dict):
-        raise ValueError(f"{where} must be a dict, got {type(spec).__name__}")
-    if ("job" in spec) == ("task" in spec):
-        raise ValueError(f"{where} must name either a 'job' (app_label.name) or a 'task' (a dotted path), not both")
-    allowed = _JOB_KEYS if "job" in spec else _TASK_KEYS
-    unknown = sorted(set(spec) - allowed)
-    if unknown:
-        raise ValueError(
-            f"{where} has unknown key(s) {', '.join(map(repr, unknown))}; known: {', '.join(sorted(allowed))}"
-        )
-    cron = spec.get("cron")
-    if not isinstance(cron, str):
-        raise ValueError(f"{where}['cron'] must be a five-field cron expression, got {cron!r:.100}")
-    if len(cron.split()) != 5:
-        raise ValueError(f"{where}['cron'] must have five fields (minute hour day month weekday), got {cron!r:.100}")
-    zone_name = spec.get("timezone") or settings.TIME_ZONE or "UTC"
-    try:
-        zone = zoneinfo.ZoneInfo(zone_name)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError, TypeError):
-        raise ValueError(
-            f"{where}['timezone']: no time zone {zone_name!r:.100} (an IANA name: 'Europe/Paris')"
-        ) from None
-    try:
-        CronSim(cron, datetime.now(zone))
-    except CronSimError as exc:
-        raise ValueError(f"{where}['cron'] does not parse ({exc}): {cron!r:.100}") from None
-    if "job" in spec:
-        job, instance = spec["job"], spec.get("instance")
-        if not isinstance(job, str) or "." not in job:
-            raise ValueError(f"{where}['job'] must be a job's label, 'app_label.name', got {job!r:.100}")
-        if instance is not None and not isinstance(instance, str):
-            raise ValueError(f"{where}['instance'] must be text, got {instance!r:.100}")
-        return Schedule(name, cron, zone, job=job, instance=instance, payload=spec.get("payload"))
-    task, args, kwargs = spec["task"], spec.get("args", ()), spec.get("kwargs", {})
-    if not isinstance(task, str) or "." not in task:
-        raise ValueError(f"{where}['task'] must be a task's dotted path, got {task!r:.100}")
-    if not isinstance(args, (list, tuple)):
-        raise ValueError(f"{where}['args'] must be a list, got {type(args).__name__}")
-    if not isinstance(kwargs, dict) or not all(isinstance(key, str) for key in kwargs):
-        raise ValueError(f"{where}['kwargs'] must be a dict with text keys, got {kwargs!r:.100}")
-    return Schedule(name, cron, zone, task=task, args=tuple(args), kwargs=dict(kwargs))
-
-
-def declared() -> tuple[dict[str, Schedule], list[str]]:
-    """The schedules of ``JOBRUNS["SCHEDULES"]`` that parse, and what is wrong with the others."""
-    configured = (getattr(settings, "JOBRUNS", None) or {}).get("SCHEDULES") or {}
-    if not isinstance(configured, dict):
-        return {}, [f"JOBRUNS['SCHEDULES'] must be a dict of name -> schedule, got {type(configured).__name__}"]
-    cached = _parsed.get("declared")
-    if cached is not None and cached[0] is configured and cached[1] == len(configured):
-        return cached[2], cached[3]  # the same settings object as the last look: parsed already
-    found: dict[str, Schedule] = {}
-    problems = []
-    for name, spec in configured.items():
-        try:
-            found[name] = parse(name, spec)
-        except ValueError as exc:
-            problems.append(str(exc))
-    # Kept with the dict it was parsed from (the reference keeps its id from being reused): a drive
-    # looks every round, and a thousand expressions take milliseconds to parse.
-    _parsed["declared"] = (configured, len(configured), found, problems)
-    return found, problems
-
-
-_parsed: dict[str, tuple[Any, int, dict[str, Schedule], list[str]]] = {}
 
 
 # -- the rows ------------------------------------------------------------------------

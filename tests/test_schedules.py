@@ -15,12 +15,14 @@ from django.core.management.base import CommandError
 from django.db import connections
 from django.test import override_settings
 
-from django_jobruns import run_due_jobs, schedules
+from django_jobruns import run_due_jobs, schedule_specs, schedules
 from django_jobruns.checks import check_schedules
 from django_jobruns.models import JobRun, JobSchedule, Status
 from tests.conftest import call, manage
 
 PARIS = ZoneInfo("Europe/Paris")
+#: Every minute of every hour, listed: cron reads it; at 237 characters the schedule's row cannot hold it.
+LONG_CRON = f"{','.join(map(str, range(60)))} {','.join(map(str, range(24)))} * * *"
 
 
 def every(cron: str, **extra: object) -> dict[str, object]:
@@ -167,7 +169,7 @@ def test_each_tick_starts_once_however_many_worker_processes_drive_at_once(tmp_p
 
 
 def ticks_between(cron: str, zone: str, start: datetime, end: datetime) -> list[str]:
-    schedule = schedules.parse("s", {"job": "tests.walk", "cron": cron, "timezone": zone})
+    schedule = schedule_specs.parse("s", {"job": "tests.walk", "cron": cron, "timezone": zone})
     found, at = [], start
     while (at := schedule.next_after(at)) < end:
         found.append(at.astimezone(ZoneInfo(zone)).strftime("%H:%M%z"))
@@ -326,6 +328,9 @@ def test_the_checks_name_each_schedule_that_cannot_work(settings):
             "unsafe": {"job": "tests.walk", "cron": "* * * * *", "payload": {"when": datetime(2026, 1, 1)}},
             "typo": {"job": "tests.walk", "cron": "* * * * *", "playload": {}},
             "fine": {"job": "tests.walk", "cron": "*/5 * * * *", "timezone": "Europe/Paris"},
+            "long-cron": {"job": "tests.walk", "cron": LONG_CRON},
+            "long-path": {"task": "tests." + "x" * 300 + ".task", "cron": "* * * * *"},
+            "nul\x00name": {"job": "tests.walk", "cron": "* * * * *"},
         }
     }
     found = {(m.id, re.search(r"SCHEDULES'\]\['([^']+)'", m.msg).group(1)) for m in check_schedules()}
@@ -338,7 +343,28 @@ def test_the_checks_name_each_schedule_that_cannot_work(settings):
         ("jobruns.E020", "both"),
         ("jobruns.E022", "unsafe"),
         ("jobruns.E020", "typo"),
+        ("jobruns.E020", "long-cron"),
+        ("jobruns.E020", "long-path"),
+        ("jobruns.E020", "nul\\x00name"),
     }, found
+    said = {m.msg for m in check_schedules()}
+    assert any("['cron'] must be at most 200 characters" in m and "0-59" in m for m in said), said
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_schedule_its_row_cannot_hold_is_refused_and_the_others_still_tick():
+    """A long list of minutes parses as cron, and on SQLite the row holds it; PostgreSQL's refused it,
+    and with it the look at every schedule."""
+    clock = Clock(datetime(2026, 6, 1, 2, 59, tzinfo=UTC))
+    spec = {
+        **every("0 3 * * *", payload={"log": "/dev/null", "passes": 1}),
+        "long": {"job": "tests.walk", "cron": LONG_CRON},
+    }
+    with override_settings(JOBRUNS={"SCHEDULES": spec}):
+        run_due_jobs(now=clock)
+        clock.now += timedelta(minutes=2)
+        assert run_due_jobs(now=clock).ticks == 1
+    assert list(JobSchedule.objects.values_list("name", flat=True)) == ["nightly"]
 
 
 @pytest.mark.django_db

@@ -172,7 +172,7 @@ def overview(rows: Any, now: datetime) -> Overview:
 
 def next_tick(using: str) -> tuple[str, datetime] | None:
     """The schedules' next tick (one read of the schedules' index; none without schedules in settings)."""
-    from ..schedules import declared
+    from ..schedule_specs import declared
 
     if not declared()[0]:
         return None

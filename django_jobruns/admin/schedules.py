@@ -23,6 +23,7 @@ from django.views.decorators.http import require_POST
 from .. import db, schedules
 from ..models import JobRun, JobSchedule
 from ..outcomes import summary
+from ..schedule_specs import Schedule, declared
 from .display import change_url, exact_time, within
 
 STEER_SCHEDULE_PERMISSION = "django_jobruns.steer_jobschedule"
@@ -102,8 +103,8 @@ class JobScheduleAdmin(_ScheduleAdminBase):
             change_url(obj.last_run_id), obj.last_run_id, status, status,
         )  # fmt: skip
 
-    def _declared(self) -> dict[str, schedules.Schedule]:
-        return schedules.declared()[0]
+    def _declared(self) -> dict[str, Schedule]:
+        return declared()[0]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[JobSchedule]:
         # The last run's status in the same query (no query per row); a pruned run has none.

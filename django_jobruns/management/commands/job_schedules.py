@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 from django.db import DatabaseError
 
-from django_jobruns import db, schedules
+from django_jobruns import db, schedule_specs, schedules
 from django_jobruns.management.scheduled import ScheduledCommand
 from django_jobruns.models import JobRun, JobSchedule
 from django_jobruns.outcomes import summary
@@ -54,7 +54,7 @@ class Command(ScheduledCommand):
             self.stdout.write(f"enqueued task {run_id} of schedule {name!r} on its backend")
 
     def list(self, *, as_json: bool) -> None:
-        declared, problems = schedules.declared()
+        declared, problems = schedule_specs.declared()
         for problem in problems:
             self.stderr.write(f"not a schedule: {problem}")
         schedules.sync(db.now())
