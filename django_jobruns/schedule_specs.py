@@ -18,6 +18,7 @@ from cronsim import CronSim, CronSimError
 from django.conf import settings
 
 from .models import JobSchedule
+from .starts import check_instance
 
 #: The keys a schedule may have, by kind.
 _JOB_KEYS = {"job", "cron", "timezone", "instance", "payload"}
@@ -103,8 +104,11 @@ def parse(name: Any, spec: Any) -> Schedule:
         job, instance = spec["job"], spec.get("instance")
         if not isinstance(job, str) or "." not in job:
             raise ValueError(f"{where}['job'] must be a job's label, 'app_label.name', got {job!r:.100}")
-        if instance is not None and not isinstance(instance, str):
-            raise ValueError(f"{where}['instance'] must be text, got {instance!r:.100}")
+        if instance is not None:
+            try:
+                check_instance(instance)
+            except ValueError as exc:
+                raise ValueError(f"{where}['instance']: {exc}") from None
         return Schedule(name, cron, zone, job=job, instance=instance, payload=spec.get("payload"))
     task, args, kwargs = spec["task"], spec.get("args", ()), spec.get("kwargs", {})
     if not isinstance(task, str) or "." not in task or len(task) > TASK_PATH_MAX:

@@ -24,7 +24,8 @@ logger = logging.getLogger("django_jobruns")
 _JOIN_TRIES = 10
 
 
-def _check_instance(instance: Any) -> str:
+def check_instance(instance: Any) -> str:
+    """``instance`` if a run's row can hold it (non-empty text, at most 200 characters, no NUL), or ``ValueError``."""
     if not isinstance(instance, str) or not instance or len(instance) > 200:
         raise ValueError(f"instance must be non-empty text of at most 200 characters, got {instance!r:.300}")
     if "\x00" in instance:
@@ -115,7 +116,7 @@ def start_job_run(job: Job | str, *, instance: str = "default", payload: Any = N
     all. The payload is checked for queue safety before any row exists.
     """
     entry = get_job(job)
-    instance = _check_instance(instance)
+    instance = check_instance(instance)
     text = dump_queue_safe(payload, "payload")
 
     def build() -> JobRun:
