@@ -14,6 +14,7 @@ from functools import partial
 from typing import Any, NamedTuple
 
 from . import db
+from .outcomes import holdable
 from .registry import Statements
 
 #: What an attempt's end is reported to once its record is written: the error's class path and
@@ -42,10 +43,14 @@ class Attempt:
             return
         self.ended = True
         error = traceback_text = None
+        from .models import JobAttempt  # not imported with the backend (jobruns.E010)
+        from .store.rows import Rider
+
         if exc is not None:
-            error = f"{type(exc).__module__}.{type(exc).__qualname__}"
-            traceback_text = "".join(traceback.format_exception(exc))
-        from .store.rows import Rider  # the models' module: not imported with the backend (jobruns.E010)
+            # What every database holds (P9): the class's path within its column, the traceback whole.
+            longest = JobAttempt._meta.get_field("error_class").max_length
+            error = holdable(f"{type(exc).__module__}.{type(exc).__qualname__}")[:longest]
+            traceback_text = holdable("".join(traceback.format_exception(exc)))
 
         wrapper = db.connection()
         ended_at = db.now()

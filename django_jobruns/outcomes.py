@@ -72,14 +72,20 @@ LOST = PassOutcome(Outcome.LOST)
 
 def storable(text: str, limit: int = MAX_ERROR_CHARS) -> str:
     """``text`` as every supported database can store it: no NUL, valid UTF-8, at most ``limit`` characters."""
+    text = holdable(text)
+    if len(text) > limit:
+        note = f"\n[... {len(text) - limit} more characters cut]"
+        text = text[: limit - len(note)] + note
+    return text
+
+
+def holdable(text: str) -> str:
+    """``text`` with what a database's text may not hold escaped: NUL as ``\\x00``, a lone surrogate as ``\\udXXX``."""
     text = text.replace("\x00", "\\x00")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
         text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    if len(text) > limit:
-        note = f"\n[... {len(text) - limit} more characters cut]"
-        text = text[: limit - len(note)] + note
     return text
 
 

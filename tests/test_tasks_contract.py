@@ -449,3 +449,18 @@ def test_a_task_abandoned_by_its_takeover_keeps_only_the_dead_workers_attempt():
     assert list(JobAttempt.objects.filter(run_id=result.id).values_list("holder", flat=True)) == ["dead-host:1:ab"]
     result.refresh()
     assert result.status == TaskResultStatus.FAILED and result.errors, result.errors
+
+
+def test_an_attempt_whose_error_text_the_database_cannot_hold_is_recorded_escaped_and_its_task_fails_once(tmp_path):
+    """P9 for a task's attempt record: PostgreSQL refused the NUL, so the pass was never recorded, the body
+    ran at every drive and the task read as never reporting."""
+    log = tmp_path / "log"
+    result = t.raises_unstorable_text.using(backend="once").enqueue(str(log))
+    report = run_due_jobs()
+    assert report.failed == 1 and report.unrecorded == [], report
+    assert run_due_jobs().attempted == 0
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED and log.read_text() == "ran\n"
+    [error] = result.errors
+    assert error.exception_class_path == "builtins.ValueError"
+    assert "ValueError: the payload held \\x00 and \\ud800" in error.traceback, error.traceback[-200:]

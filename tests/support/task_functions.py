@@ -232,3 +232,11 @@ async def cancelled() -> None:
 def interrupted() -> None:
     """Raises ``KeyboardInterrupt`` (Ctrl-C while it ran)."""
     raise KeyboardInterrupt
+
+
+@task()
+def raises_unstorable_text(log: str) -> None:
+    """Raises an error whose text holds NUL and a lone surrogate, which PostgreSQL's text cannot hold as they are."""
+    with open(log, "a") as out:
+        out.write("ran\n")
+    raise ValueError("the payload held \x00 and " + chr(0xD800))
