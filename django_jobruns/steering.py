@@ -19,6 +19,7 @@ from typing import Any
 from . import db, signals, transitions
 from .exceptions import NotLive
 from .models import JobRun, Status
+from .outcomes import storable
 
 
 def _run_id(run: JobRun | str) -> str:
@@ -61,7 +62,7 @@ def cancel_job_run(run: JobRun | str, *, reason: str = "") -> JobRun:
         raise TypeError(f"reason must be text, got {reason!r:.100}")
     now = db.now()
     note = f"cancelled: {reason}" if reason else "cancelled"
-    current = _steer(run, "cancelled", **transitions.cancelled(note[:10_000], now))
+    current = _steer(run, "cancelled", **transitions.cancelled(storable(note), now))
     signals.send_after_commit(
         signals.run_cancelled,
         run_id=current.id,

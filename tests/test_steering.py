@@ -69,6 +69,20 @@ def test_cancel_refuses_a_finished_run_and_an_unknown_one():
     assert JobRun.objects.get(pk=run.pk).status == Status.DONE
 
 
+def test_a_cancel_reason_any_text_is_recorded_escaped_where_a_database_cannot_hold_it():
+    """An operator's reason pasted from anywhere (NUL: PostgreSQL refused it; a lone surrogate: every database)."""
+    for number, reason in enumerate(["pasted \x00 from a dump", "half a pair " + chr(0xD800), "long " * 5000]):
+        run, _ = start_job_run("tests.walk", instance=f"reason-{number}", payload={"log": "/dev/null"})
+        cancel_job_run(run, reason=reason)
+        row = JobRun.objects.get(pk=run.pk)
+        assert row.status == Status.CANCELLED, reason[:30]
+        assert row.last_error.startswith("cancelled: ") and len(row.last_error) <= 10_000
+    assert [JobRun.objects.get(instance=f"reason-{n}").last_error[:30] for n in range(2)] == [
+        "cancelled: pasted \\x00 from a ",
+        "cancelled: half a pair \\ud800",
+    ]
+
+
 def test_cancel_fences_out_the_pass_in_flight_which_starts_no_further_step(effects):
     entered, release = threading.Event(), threading.Event()
     jobs.GATES["cancel-mid"] = (entered, release)
