@@ -44,4 +44,13 @@ def holder_name(value: Any) -> str:
         )
     if len(value) > 255:
         raise InvalidDriveOptions(f"holder must be at most 255 characters, got {len(value)}")
+    if "\x00" in value:
+        raise InvalidDriveOptions(f"holder must hold no NUL, which databases cannot store, got {value!r:.300}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidDriveOptions(
+            f"holder {value!r:.300} is not valid Unicode (a byte that is not UTF-8, from the command line or the "
+            "environment?), which databases cannot store"
+        ) from None
     return value
