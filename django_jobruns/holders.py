@@ -13,6 +13,7 @@ import threading
 from typing import Any
 
 from .exceptions import InvalidDriveOptions
+from .queue_safety import unstorable
 
 _holder_lock = threading.Lock()
 _holder: tuple[int, str] | None = None
@@ -44,13 +45,7 @@ def holder_name(value: Any) -> str:
         )
     if len(value) > 255:
         raise InvalidDriveOptions(f"holder must be at most 255 characters, got {len(value)}")
-    if "\x00" in value:
-        raise InvalidDriveOptions(f"holder must hold no NUL, which databases cannot store, got {value!r:.300}")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidDriveOptions(
-            f"holder {value!r:.300} is not valid Unicode (a byte that is not UTF-8, from the command line or the "
-            "environment?), which databases cannot store"
-        ) from None
+    why = unstorable(value)
+    if why is not None:
+        raise InvalidDriveOptions(f"holder {value!r:.300} {why}")
     return value

@@ -164,18 +164,29 @@ def check_result_size(name: str, stored: str) -> None:
         )
 
 
+def unstorable(text: str) -> str | None:
+    """Why a database cannot store ``text`` as it is (a NUL, a lone surrogate), or ``None``.
+
+    Said after the value, as in ``f"step name {name!r} {why}"``. A lone
+    surrogate is what Python makes of a byte that is not UTF-8 in the command
+    line or the environment.
+    """
+    if "\x00" in text:
+        return "contains NUL, which databases cannot store"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not valid Unicode text (a lone surrogate: a byte that was not UTF-8?), which databases cannot store"
+    return None
+
+
 def check_step_name(name: Any) -> None:
     """Refuse, before the body runs, a step name the database cannot store."""
     if not isinstance(name, str) or not name or len(name) > 255:
         raise InvalidStepName(f"a step name is non-empty text of at most 255 characters, got {name!r:.300}")
-    if "\x00" in name:
-        raise InvalidStepName(f"step name {name!r:.300} contains NUL, which databases cannot store")
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidStepName(
-            f"step name {name!r:.300} is not valid Unicode text (a lone surrogate), which databases cannot store"
-        ) from None
+    why = unstorable(name)
+    if why is not None:
+        raise InvalidStepName(f"step name {name!r:.300} {why}")
 
 
 def interpret_result(result: Any, current_cursor: str | None) -> tuple[str | None, bool]:

@@ -11,7 +11,7 @@ from django.db import IntegrityError, OperationalError, transaction
 from . import db, telemetry
 from .exceptions import JobRunsError, NotRestartable
 from .models import JobRun, Status
-from .queue_safety import dump_queue_safe
+from .queue_safety import dump_queue_safe, unstorable
 from .registry import Job, get_job
 from .signals import notify_due
 from .store.deadlocks import TRIES, retry_deadlocks
@@ -25,11 +25,12 @@ _JOIN_TRIES = 10
 
 
 def check_instance(instance: Any) -> str:
-    """``instance`` if a run's row can hold it (non-empty text, at most 200 characters, no NUL), or ``ValueError``."""
+    """``instance`` if a run's row can hold it (non-empty text, at most 200 characters, storable), or ``ValueError``."""
     if not isinstance(instance, str) or not instance or len(instance) > 200:
         raise ValueError(f"instance must be non-empty text of at most 200 characters, got {instance!r:.300}")
-    if "\x00" in instance:
-        raise ValueError(f"instance {instance!r:.300} contains NUL, which databases cannot store")
+    why = unstorable(instance)
+    if why is not None:
+        raise ValueError(f"instance {instance!r:.300} {why}")
     return instance
 
 

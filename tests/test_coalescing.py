@@ -161,6 +161,8 @@ def test_keys_differing_only_in_case_or_trailing_space_are_distinct_under_concur
 def test_an_instance_with_nul_is_refused_on_every_backend_and_creates_nothing():
     with pytest.raises(ValueError, match="contains NUL"):
         start_job_run("tests.walk", instance="a\x00b")
+    with pytest.raises(ValueError, match="is not valid Unicode text"):
+        start_job_run("tests.walk", instance="pod-\udce9")  # a Latin-1 byte in --instance
     assert not JobRun.objects.exists()
 
 

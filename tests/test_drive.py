@@ -142,7 +142,7 @@ def test_d5_lease_is_released_when_the_handler_fails(behaviour, clock):
     [
         ({"holder": ""}, "holder must be non-empty"),
         ({"holder": "   "}, "holder must be non-empty"),
-        ({"holder": "pod-7\x00"}, "holder must hold no NUL"),
+        ({"holder": "pod-7\x00"}, r"holder 'pod-7\\x00' contains NUL"),
         ({"holder": "pod-\udce9"}, r"holder 'pod-\\udce9' is not valid Unicode"),  # a Latin-1 byte in argv or the env
         ({"lease_ttl": timedelta(0)}, "lease_ttl must be positive"),
         ({"lease_ttl": -5}, "lease_ttl must be positive"),
