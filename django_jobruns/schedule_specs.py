@@ -18,15 +18,16 @@ from cronsim import CronSim, CronSimError
 from django.conf import settings
 
 from .models import JobSchedule
+from .queue_safety import unstorable
 from .starts import check_instance
 
 #: The keys a schedule may have, by kind.
 _JOB_KEYS = {"job", "cron", "timezone", "instance", "payload"}
 _TASK_KEYS = {"task", "cron", "timezone", "args", "kwargs"}
-#: The longest name, cron expression and task path the schedule's row holds (PostgreSQL and MariaDB refuse more).
+#: The longest name, cron expression and target the schedule's row holds (PostgreSQL and MariaDB refuse more).
 NAME_MAX = JobSchedule._meta.get_field("name").max_length or 0
 CRON_MAX = JobSchedule._meta.get_field("cron").max_length or 0
-TASK_PATH_MAX = (JobSchedule._meta.get_field("target").max_length or 0) - len("task ")
+TARGET_MAX = JobSchedule._meta.get_field("target").max_length or 0  # "job app.name" or "task dotted.path"
 
 
 @dataclass(frozen=True)
@@ -67,8 +68,8 @@ class Schedule:
 def parse(name: Any, spec: Any) -> Schedule:
     """``spec`` (a dict of ``JOBRUNS["SCHEDULES"]``) as a :class:`Schedule`; ``ValueError`` naming what is wrong."""
     where = f"JOBRUNS['SCHEDULES'][{name!r:.100}]"
-    if not isinstance(name, str) or not name or len(name) > NAME_MAX or "\x00" in name:
-        raise ValueError(f"{where}: a schedule's name must be text of 1 to {NAME_MAX} characters, with no NUL")
+    if not isinstance(name, str) or not name or len(name) > NAME_MAX or unstorable(name):
+        raise ValueError(f"{where}: a schedule's name must be text of 1 to {NAME_MAX} characters a database stores")
     if not isinstance(spec, dict):
         raise ValueError(f"{where} must be a dict, got {type(spec).__name__}")
     if ("job" in spec) == ("task" in spec):
@@ -102,7 +103,7 @@ def parse(name: Any, spec: Any) -> Schedule:
         raise ValueError(f"{where}['cron'] does not parse ({exc}): {cron!r:.100}") from None
     if "job" in spec:
         job, instance = spec["job"], spec.get("instance")
-        if not isinstance(job, str) or "." not in job:
+        if not isinstance(job, str) or "." not in job or len(job) > TARGET_MAX - len("job ") or unstorable(job):
             raise ValueError(f"{where}['job'] must be a job's label, 'app_label.name', got {job!r:.100}")
         if instance is not None:
             try:
@@ -111,9 +112,10 @@ def parse(name: Any, spec: Any) -> Schedule:
                 raise ValueError(f"{where}['instance']: {exc}") from None
         return Schedule(name, cron, zone, job=job, instance=instance, payload=spec.get("payload"))
     task, args, kwargs = spec["task"], spec.get("args", ()), spec.get("kwargs", {})
-    if not isinstance(task, str) or "." not in task or len(task) > TASK_PATH_MAX:
+    if not isinstance(task, str) or "." not in task or len(task) > TARGET_MAX - len("task ") or unstorable(task):
         raise ValueError(
-            f"{where}['task'] must be a task's dotted path of at most {TASK_PATH_MAX} characters, got {task!r:.100}"
+            f"{where}['task'] must be a task's dotted path of at most {TARGET_MAX - len('task ')} characters, "
+            f"got {task!r:.100}"
         )
     if not isinstance(args, (list, tuple)):
         raise ValueError(f"{where}['args'] must be a list, got {type(args).__name__}")

@@ -332,6 +332,8 @@ def test_the_checks_name_each_schedule_that_cannot_work(settings):
             "long-path": {"task": "tests." + "x" * 300 + ".task", "cron": "* * * * *"},
             "nul\x00name": {"job": "tests.walk", "cron": "* * * * *"},
             "long-instance": {"job": "tests.walk", "cron": "* * * * *", "instance": "i" * 201},
+            "long-label": {"job": "tests." + "x" * 300, "cron": "* * * * *"},
+            "latin-1 \udce9": {"job": "tests.walk", "cron": "* * * * *"},
         }
     }
     found = {(m.id, re.search(r"SCHEDULES'\]\['([^']+)'", m.msg).group(1)) for m in check_schedules()}
@@ -348,6 +350,8 @@ def test_the_checks_name_each_schedule_that_cannot_work(settings):
         ("jobruns.E020", "long-path"),
         ("jobruns.E020", "nul\\x00name"),
         ("jobruns.E020", "long-instance"),
+        ("jobruns.E020", "long-label"),
+        ("jobruns.E020", "latin-1 \\udce9"),
     }, found
     said = {m.msg for m in check_schedules()}
     assert any("['cron'] must be at most 200 characters" in m and "0-59" in m for m in said), said
