@@ -14,7 +14,7 @@ from functools import partial
 from typing import Any, NamedTuple
 
 from . import db
-from .outcomes import holdable
+from .outcomes import holdable, storable_traceback
 from .registry import Statements
 
 #: What an attempt's end is reported to once its record is written: the error's class path and
@@ -47,10 +47,10 @@ class Attempt:
         from .store.rows import Rider
 
         if exc is not None:
-            # What every database holds (P9): the class's path within its column, the traceback whole.
+            # What every database holds (P9): the class's path within its column, the traceback's ends.
             longest = JobAttempt._meta.get_field("error_class").max_length
             error = holdable(f"{type(exc).__module__}.{type(exc).__qualname__}")[:longest]
-            traceback_text = holdable("".join(traceback.format_exception(exc)))
+            traceback_text = storable_traceback("".join(traceback.format_exception(exc)))
 
         wrapper = db.connection()
         ended_at = db.now()

@@ -79,6 +79,18 @@ def storable(text: str, limit: int = MAX_ERROR_CHARS) -> str:
     return text
 
 
+def storable_traceback(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """A traceback as every database stores it: past ``limit`` characters its middle is cut, saying so, so
+    its first frames and its last, with the exception's own line, are kept (an error carrying a whole
+    response body must not make the write that records it too large for the server: MariaDB's packet)."""
+    text = holdable(text)
+    if len(text) <= limit:
+        return text
+    kept = limit - 60  # room for the note
+    note = f"\n[... {len(text) - kept} characters cut ...]\n"
+    return text[: kept // 2] + note + text[len(text) - (kept - kept // 2) :]
+
+
 def holdable(text: str) -> str:
     """``text`` with what a database's text may not hold escaped: NUL as ``\\x00``, a lone surrogate as ``\\udXXX``."""
     text = text.replace("\x00", "\\x00")

@@ -464,3 +464,18 @@ def test_an_attempt_whose_error_text_the_database_cannot_hold_is_recorded_escape
     [error] = result.errors
     assert error.exception_class_path == "builtins.ValueError"
     assert "ValueError: the payload held \\x00 and \\ud800" in error.traceback, error.traceback[-200:]
+
+
+def test_an_attempt_whose_error_carries_megabytes_is_recorded_with_its_traceback_cut_in_the_middle(tmp_path):
+    """On MariaDB the attempt's record was larger than the server's packet: the pass was never recorded and
+    a task allowed one attempt ran at every drive."""
+    log = tmp_path / "log"
+    result = t.raises_a_whole_body.using(backend="once").enqueue(str(log))
+    report = run_due_jobs()
+    assert report.failed == 1 and report.unrecorded == [], report.unrecorded
+    assert run_due_jobs().attempted == 0
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED and log.read_text() == "ran\n", "once"
+    [error] = result.errors
+    assert len(error.traceback) <= 10_000 and error.traceback.startswith("Traceback (most recent call last):")
+    assert "characters cut ...]" in error.traceback and error.traceback.endswith("x</html>\n")

@@ -240,3 +240,11 @@ def raises_unstorable_text(log: str) -> None:
     with open(log, "a") as out:
         out.write("ran\n")
     raise ValueError("the payload held \x00 and " + chr(0xD800))
+
+
+@task()
+def raises_a_whole_body(log: str) -> None:
+    """Raises an error carrying 20 MB (a response body), more than MariaDB's default packet of 16 MB."""
+    with open(log, "a") as out:
+        out.write("ran\n")
+    raise ValueError("<html>" + "x" * 20_000_000 + "</html>")
