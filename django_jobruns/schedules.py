@@ -1,11 +1,11 @@
 """Schedules: periodic runs and tasks, started by the drives themselves, each tick once (S1-S5).
 
 ``JOBRUNS["SCHEDULES"]`` declares them (read by :mod:`django_jobruns.schedule_specs`).
-There is no beat and no leader: every
-``run_due_jobs`` reads the schedules' state (:class:`~django_jobruns.models.JobSchedule`,
-one cheap read a round) and starts the ticks that are due, each in a
-transaction that first advances the schedule's ``next_tick`` by a
-compare-and-set -- so however many drives see a tick at once, one starts it.
+There is no beat and no leader: every ``run_due_jobs`` reads the schedules'
+state (:class:`~django_jobruns.models.JobSchedule`, one cheap read a round) and
+starts the ticks that are due, each in a transaction that first advances the
+schedule's ``next_tick`` by a compare-and-set -- so however many drives see a
+tick at once, one starts it.
 
 Cron expressions are read by cronsim, which follows Debian cron's rules,
 daylight-saving changes included: a time of day that a spring-forward change
