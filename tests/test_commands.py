@@ -128,6 +128,32 @@ def test_command_exits_non_zero_with_one_line_when_the_database_is_unreachable(t
     assert len(lines) == 1 and lines[0].startswith("CommandError: cannot reach the database:"), proc.stderr
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["job_runs", "--instance", b"supplier-\xe9"],
+        ["job_runs", b"01M\xe9"],
+        ["cancel_job_run", b"01M\xe9", "--reason", "r"],
+        ["start_job_run", "tests.walk", "--instance", b"supplier-\xe9"],
+        ["run_due_jobs", "--holder", b"pod-\xe9"],
+    ],
+    ids=["job_runs --instance", "job_runs RUN_ID", "cancel_job_run", "start_job_run", "run_due_jobs --holder"],
+)
+def test_an_argument_with_a_byte_that_is_not_utf8_is_refused_in_one_line_naming_it(command):
+    """A Latin-1 byte in cron's environment or a pod's name: Python reads it as a lone surrogate, no database
+    stores it, and each command said so with the database driver's traceback."""
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.support.settings"}
+    env.pop("JOBRUNS_TEST_DB_NAME", None)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), *command], cwd=ROOT, env=env, capture_output=True, timeout=60
+    )
+    stderr = proc.stderr.decode("utf-8", "backslashreplace")
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert proc.returncode == 1 and "Traceback" not in stderr, stderr
+    assert len(lines) == 1 and lines[0].startswith("CommandError: "), stderr
+    assert "\\udce9" in lines[0] and "is not valid Unicode text" in lines[0], stderr
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_drive_on_a_database_that_refuses_writes_stops_with_one_line(effects):
     """A read-only file or a standby: every claim fails alike, so the drive says so once and exits non-zero."""

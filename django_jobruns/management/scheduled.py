@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.core import checks
-from django.core.management.base import BaseCommand, SystemCheckError
+from django.core.management.base import BaseCommand, CommandError, SystemCheckError
+
+from django_jobruns.queue_safety import unstorable
 
 
 class ScheduledCommand(BaseCommand):
@@ -19,6 +21,7 @@ class ScheduledCommand(BaseCommand):
     requires_system_checks: Any = []
 
     def execute(self, *args: Any, **options: Any) -> Any:
+        _storable_arguments(args, options)
         if not options.get("skip_checks"):
             # No database is given: the checks connect to none (Django 6.1 would, for each model field,
             # unbounded, before the drive's bounded statements begin; a partition would hang it there).
@@ -29,3 +32,15 @@ class ScheduledCommand(BaseCommand):
                     "System check identified some issues:\n" + "\n".join(str(issue) for issue in errors)
                 )
         return super().execute(*args, **options)
+
+
+def _storable_arguments(args: tuple[Any, ...], options: dict[str, Any]) -> None:
+    """Refuse, naming it, an argument no database stores: a byte that is not UTF-8 in the command line
+    (Python reads it as a lone surrogate) would reach the database driver and end in its traceback."""
+    values: list[Any] = [*args]
+    for value in options.values():
+        values.extend(value if isinstance(value, (list, tuple)) else [value])
+    for value in values:
+        why = unstorable(value) if isinstance(value, str) else None
+        if why is not None:
+            raise CommandError(f"the argument {value!r:.200} {why}")
