@@ -43,10 +43,11 @@ class Attempt:
             return
         self.ended = True
         error = traceback_text = None
-        from .models import JobAttempt  # not imported with the backend (jobruns.E010)
-        from .store.rows import Rider
+        from .store.rows import Rider  # the models' module: not imported with the backend (jobruns.E010)
 
         if exc is not None:
+            from .models import JobAttempt
+
             # What every database holds (P9): the class's path within its column, the traceback's ends.
             longest = JobAttempt._meta.get_field("error_class").max_length
             error = holdable(f"{type(exc).__module__}.{type(exc).__qualname__}")[:longest]
