@@ -12,8 +12,10 @@ result its worker ids, attempts, start times and errors.
 from __future__ import annotations
 
 import contextvars
+import functools
 import logging
 import re
+import sys
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from functools import partial
@@ -29,6 +31,7 @@ from .attempts import Attempt, Finished, begin_attempt
 from .conf import duration
 from .exceptions import GiveUp, TaskExited, TaskNotImportable, TaskValueUnstorable
 from .observers import AbandonPass
+from .queue_safety import unstorable
 from .registry import Job, add, lookup
 from .retry import RetryPolicy
 from .task_results import (
@@ -135,6 +138,9 @@ class JobRunsBackend(BaseTaskBackend):  # type: ignore[misc]
                 f"run_after must be an aware datetime, not {type(task.run_after).__name__}: {task.run_after!r:.80}"
             )
         super().validate_task(task)
+        fault = _column_fault(task.queue_name, "queue_name")
+        if fault is not None:  # with ``QUEUES: []`` Django takes any name; the insert would refuse it
+            raise InvalidTask(f"queue_name {task.queue_name!r:.80} {fault}")
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         self.validate_task(task)
@@ -233,6 +239,14 @@ class JobRunsBackend(BaseTaskBackend):  # type: ignore[misc]
             yield checks.Error(
                 f"TASKS[{self.alias!r}]['OPTIONS']['RETRY'] must be a RetryPolicy, got {retry!r}", id="jobruns.E011"
             )
+        fault = _column_fault(self.alias, "job")  # the alias names the internal job of the backend's runs
+        if fault is not None:
+            yield checks.Error(f"the TASKS key {self.alias!r:.80} {fault}", id="jobruns.E014")
+        for name in self.queues:
+            fault = _column_fault(name, "queue_name")
+            if fault is not None:
+                message = f"TASKS[{self.alias!r}]['QUEUES'] has {name!r:.80}, which {fault}"
+                yield checks.Error(message, id="jobruns.E014")
         for key in ("LEASE_TTL", "TIMEOUT"):
             if self.options.get(key) is not None:
                 try:
@@ -269,6 +283,28 @@ def register_task_job(alias: str, options: dict[str, Any]) -> Job:
     job = Job(_run_task, module=TASKS_MODULE, name=alias, retry=retry, lease=lease, timeout=timeout)
     job.on_claim = begin_attempt  # the attempt record begun in the claim's transaction
     return add(job, replace=True)
+
+
+@functools.cache
+def _column_lengths() -> dict[str, int]:
+    from django.apps import apps
+
+    if not apps.is_installed("django_jobruns"):
+        return {}  # no row to hold them: jobruns.E010 names the missing app
+    from .models import JobRun
+
+    return {
+        "job": JobRun._meta.get_field("job").max_length or 0,
+        "queue_name": JobRun._meta.get_field("queue_name").max_length or 0,
+    }
+
+
+def _column_fault(text: str, field: str) -> str | None:
+    """Why ``JobRun.<field>`` cannot hold ``text`` (said after it), or ``None``."""
+    longest = _column_lengths().get(field, sys.maxsize)
+    if len(text) > longest:
+        return f"is longer than the {longest} characters this backend stores"
+    return unstorable(text)
 
 
 def _duration_or_none(value: Any) -> timedelta | None:

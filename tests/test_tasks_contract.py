@@ -7,6 +7,7 @@ rolling deploy's unimportable task, the checks and the worker's queue names.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import importlib.util
 import json
@@ -347,6 +348,46 @@ def test_checks_name_unknown_options_and_bad_durations_without_a_traceback():
         unregister(f"{TASKS_MODULE}.checked")
     assert "'RETRIES'" in found["jobruns.E013"] and "RETRY, LEASE_TTL, TIMEOUT" in found["jobruns.E013"]
     assert set(found) == {"jobruns.E011", "jobruns.E012", "jobruns.E013"}
+
+
+@pytest.mark.parametrize(
+    "name, why",
+    [("q" * 101, "longer than the 100 characters"), ("mail\x00", "NUL"), ("mail\udcff", "lone surrogate")],
+)
+def test_a_queue_name_no_database_holds_is_refused_where_the_task_is_made_not_by_the_insert(name, why):
+    """With ``QUEUES: []`` Django takes any queue name; the insert on PostgreSQL and MariaDB did not."""
+    from django_jobruns.registry import unregister
+
+    def on_queue(queue_name: str) -> Any:
+        """``t.noop_task`` on another queue, unchecked: ``.using()`` would check it against the default backend."""
+        task = copy.copy(t.noop_task)
+        object.__setattr__(task, "queue_name", queue_name)
+        return task
+
+    backend = JobRunsBackend("any_queue", {"QUEUES": [], "OPTIONS": {}})
+    try:
+        backend.validate_task(on_queue("q" * 100))  # as long as the column holds
+        with pytest.raises(InvalidTask, match=why) as refused:
+            backend.validate_task(on_queue(name))
+        assert "queue_name" in str(refused.value)
+        assert JobRun.objects.count() == 0
+        checked = {
+            message.id: message.msg for message in JobRunsBackend("any_queue", {"QUEUES": ["default", name]}).check()
+        }
+        assert why in checked["jobruns.E014"] and "QUEUES" in checked["jobruns.E014"]
+    finally:
+        unregister(f"{TASKS_MODULE}.any_queue")
+
+
+def test_a_backend_alias_longer_than_the_database_holds_is_a_check_error():
+    from django_jobruns.registry import unregister
+
+    alias = "a" * 101
+    try:
+        found = {message.id: message.msg for message in JobRunsBackend(alias, {}).check()}
+    finally:
+        unregister(f"{TASKS_MODULE}.{alias}")
+    assert "longer than the 100 characters" in found["jobruns.E014"]
 
 
 @pytest.mark.slow
