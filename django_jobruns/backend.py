@@ -383,9 +383,9 @@ def _run_task(p: Any) -> dict[str, Any]:
             # Permanent: no retry gives the value a JSON form, and a retry would repeat the body's effects.
             attempt.end(exc, _finished(sender, result, TaskResultStatus.FAILED))
             raise TaskValueUnstorable(f"the task's return value has no JSON form: {exc}") from exc
-        from .queue_safety import dump_queue_safe
+        from .queue_safety import dump_task_value
 
-        dump_queue_safe(value, "return value")  # the stored form's bounds (depth, integers, size)
+        stored = dump_task_value(value)  # Django's rules, not a job cursor's; a stored result's size
         p._claim.check_timeout()  # a task that ran past its TIMEOUT is a failed attempt (D19)
     except BaseException as exc:
         attempt.end(exc, _finished(sender, result, TaskResultStatus.FAILED))
@@ -396,7 +396,7 @@ def _run_task(p: Any) -> dict[str, Any]:
     finally:
         _current_pass.reset(token)
     attempt.end(None, _finished(sender, result, TaskResultStatus.SUCCESSFUL, value))
-    return {"cursor": value, "done": True}
+    return {"cursor": stored, "done": True}
 
 
 def _finished(sender: Any, result: Any, status: Any, value: Any = None) -> Finished | None:

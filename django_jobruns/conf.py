@@ -10,8 +10,8 @@ key                    default                      meaning
 ``DRIVE_LIMIT``        ``50``                       runs one drive takes at most (``--limit``)
 ``SCAN_MAX``           ``500``                      rows one drive reads at most
 ``PAYLOAD_MAX_BYTES``  ``1_048_576``                largest payload or cursor, as JSON
-``STEP_RESULT_MAX_BYTES`` ``4_194_304``             largest step result, as JSON (below every
-                                                    database's default packet limit)
+``STEP_RESULT_MAX_BYTES`` ``4_194_304``             largest step result or task return value, as
+                                                    JSON (below every database's default packet limit)
 ``SCHEDULES``          none                         periodic runs and tasks (``django_jobruns.schedules``;
                                                     checks ``jobruns.E020``-``E022``)
 =====================  ===========================  ==========================================

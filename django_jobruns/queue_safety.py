@@ -15,12 +15,20 @@ import difflib
 import json
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 
 from . import conf
-from .exceptions import InvalidPassResult, InvalidStepName, QueueUnsafe, StepResultUnstorable, UndecodableRun
+from .exceptions import (
+    InvalidPassResult,
+    InvalidStepName,
+    QueueUnsafe,
+    StepResultUnstorable,
+    TaskValueUnstorable,
+    UndecodableRun,
+)
 
 _WHY = "a run carries ids and configuration: JSON's own values (dict, list, str, int, float, bool, None)"
 
@@ -153,6 +161,29 @@ def decode_counters(text: str | None) -> dict[str, int | float]:
 _RESULT_KEYS = ("cursor", "done")
 
 
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """A cursor already in its stored form, checked by the rules of what made it.
+
+    A task's return value is the one: Django's rules, not a job cursor's (Q3),
+    decide what it may hold, and its size is a stored result's.
+    """
+
+    text: str
+
+
+def dump_task_value(value: Any) -> Stored:
+    """A task's return value, in its JSON form already, as stored; refused past ``STEP_RESULT_MAX_BYTES``."""
+    text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+    cap = int(conf.get("STEP_RESULT_MAX_BYTES"))
+    if len(text) > cap // 4 and len(text.encode()) > cap:
+        raise TaskValueUnstorable(
+            f"the task's return value is {len(text.encode())} bytes as JSON, over the cap of {cap} "
+            "(JOBRUNS['STEP_RESULT_MAX_BYTES']); a result is stored: keep large data elsewhere and return its key"
+        )
+    return Stored(text)
+
+
 def check_result_size(name: str, stored: str) -> None:
     """Refuse a step result over ``JOBRUNS["STEP_RESULT_MAX_BYTES"]``: every database must be able to store it."""
     cap = int(conf.get("STEP_RESULT_MAX_BYTES"))
@@ -215,5 +246,7 @@ def interpret_result(result: Any, current_cursor: str | None) -> tuple[str | Non
     done = result.get("done", False)
     if type(done) is not bool:
         raise InvalidPassResult(f"the handler's 'done' must be True or False, got {done!r:.100}")
-    cursor = dump_queue_safe(result["cursor"], "cursor") if "cursor" in result else current_cursor
-    return cursor, done
+    if "cursor" not in result:
+        return current_cursor, done
+    cursor = result["cursor"]
+    return (cursor.text if type(cursor) is Stored else dump_queue_safe(cursor, "cursor")), done

@@ -36,7 +36,7 @@ InvalidTask: Any = getattr(_exceptions, "InvalidTask", None) or _exceptions.Inva
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-ACCEPTED = ["safe", "tuple", "ordered", "defaultdict", "int_keys", "bytes"]
+ACCEPTED = ["safe", "tuple", "ordered", "defaultdict", "int_keys", "bytes", "big_ints", "deep", "two_mib"]
 REFUSED = ["set", "datetime", "nan"]
 
 
@@ -61,6 +61,20 @@ def test_a_value_django_accepts_succeeds_with_the_same_stored_form(kind, tmp_pat
     assert ours.status == TaskResultStatus.SUCCESSFUL and ours.errors == []
     assert ours.return_value == stored(theirs.return_value)
     assert log.read_text().splitlines() == [kind]  # the body ran once
+
+
+def test_a_return_value_over_the_stored_results_cap_fails_the_task_at_once_naming_the_cap(tmp_path, settings):
+    """Past ``STEP_RESULT_MAX_BYTES`` no database is sure to hold the pass's write: failed once, not re-run."""
+    settings.JOBRUNS = {**getattr(settings, "JOBRUNS", {}), "STEP_RESULT_MAX_BYTES": 1024 * 1024}
+    log = tmp_path / "log"
+    ours = t.echo.enqueue("two_mib", str(log))
+    report = run_due_jobs()
+    assert report.failed == 1 and report.retrying == 0, report
+    assert run_due_jobs().attempted == 0
+    ours.refresh()
+    assert ours.status == TaskResultStatus.FAILED and len(ours.errors) == 1
+    assert "over the cap of 1048576 (JOBRUNS['STEP_RESULT_MAX_BYTES'])" in ours.errors[0].traceback
+    assert log.read_text().splitlines() == ["two_mib"]
 
 
 @pytest.mark.parametrize("kind", REFUSED)

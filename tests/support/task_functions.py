@@ -124,6 +124,13 @@ def stoppable_task(context: Any, log: str, fifo: str) -> int:
     return count
 
 
+def _nested(depth: int) -> Any:
+    value: Any = "bottom"
+    for level in range(depth):
+        value = {"level": level, "inner": [value]} if level % 2 else [value]
+    return value
+
+
 #: What ``echo`` returns, by kind: values Django's own backends accept (``normalize_json``) or refuse.
 def _values() -> dict[str, Any]:
     from collections import OrderedDict, defaultdict
@@ -138,6 +145,9 @@ def _values() -> dict[str, Any]:
         "defaultdict": defaultdict(list, {"k": [1]}),
         "int_keys": {1: "one", 2: {3: "three"}},
         "bytes": b"bytes",
+        "big_ints": [10**30, -(10**25)],  # past 64 bits: JSON and Python carry them exactly
+        "deep": _nested(100),
+        "two_mib": "x" * 2 * 1024 * 1024,
         "set": {1, 2},
         "datetime": datetime(2026, 1, 1),
         "nan": float("nan"),
