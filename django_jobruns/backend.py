@@ -40,9 +40,9 @@ from .task_results import (
     TaskContext,
     TaskPayload,
     TaskResult,
-    _json_form,
     attempt_error,
     build_result,
+    json_form,
     task_backends,
     task_enqueued,
     task_finished,
@@ -147,7 +147,7 @@ class JobRunsBackend(BaseTaskBackend):  # type: ignore[misc]
         values = []
         for name, value in (("args", list(args)), ("kwargs", dict(kwargs))):
             try:
-                values.append(_json_form(value))  # normalized as Django's own backends do
+                values.append(json_form(value))  # normalized as Django's own backends do
             except (TypeError, ValueError, RecursionError) as exc:
                 # The class Django's own refusal raises (a ValueError for bytes that are not text), so code
                 # that catches it catches this; a structure nested past the recursion limit is a TypeError.
@@ -378,7 +378,7 @@ def _run_task(p: Any) -> dict[str, Any]:
             call = partial(task.func, *args, **kwargs)
         raw = db.ending_its_transactions(call, "the task")
         try:
-            value = _json_form(raw)
+            value = json_form(raw)
         except (TypeError, ValueError, RecursionError) as exc:
             # Permanent: no retry gives the value a JSON form, and a retry would repeat the body's effects.
             attempt.end(exc, _finished(sender, result, TaskResultStatus.FAILED))

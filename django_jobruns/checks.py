@@ -74,6 +74,7 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
     from .queue_safety import dump_queue_safe
     from .registry import lookup
     from .schedule_specs import declared
+    from .task_results import json_form
 
     found, problems = declared()
     messages: list[checks.CheckMessage] = [checks.Error(problem, id="jobruns.E020") for problem in problems]
@@ -110,7 +111,10 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
             start = {"args": list(schedule.args), "kwargs": schedule.kwargs}
         for key, value in start.items():
             try:
-                dump_queue_safe(value, f"{where}[{key!r}]")
-            except (QueueUnsafe, TypeError, ValueError) as exc:
+                if schedule.job is not None:
+                    dump_queue_safe(value, f"{where}[{key!r}]")
+                else:
+                    json_form(value)  # a task's arguments: Django's rules, as its enqueue applies them
+            except (QueueUnsafe, TypeError, ValueError, RecursionError) as exc:
                 messages.append(checks.Error(f"{where}[{key!r}] is not queue-safe: {exc}", id="jobruns.E022"))
     return messages

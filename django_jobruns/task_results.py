@@ -97,7 +97,7 @@ task_finished: Any = _signals.task_finished
 task_backends: Any = _framework("").task_backends
 
 
-def _json_form(value: Any) -> Any:
+def json_form(value: Any) -> Any:
     """``value`` as Django's own backends store it (``normalize_json``), then through JSON: what a result reads."""
     return json.loads(json.dumps(normalize_json(value), allow_nan=False))
 

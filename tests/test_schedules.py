@@ -23,6 +23,8 @@ from tests.conftest import call, manage
 PARIS = ZoneInfo("Europe/Paris")
 #: Every minute of every hour, listed: cron reads it; at 237 characters the schedule's row cannot hold it.
 LONG_CRON = f"{','.join(map(str, range(60)))} {','.join(map(str, range(24)))} * * *"
+#: A task of this backend the schedules start.
+TASK = "tests.support.task_functions.add"
 
 
 def every(cron: str, **extra: object) -> dict[str, object]:
@@ -334,6 +336,10 @@ def test_the_checks_name_each_schedule_that_cannot_work(settings):
             "long-instance": {"job": "tests.walk", "cron": "* * * * *", "instance": "i" * 201},
             "long-label": {"job": "tests." + "x" * 300, "cron": "* * * * *"},
             "latin-1 \udce9": {"job": "tests.walk", "cron": "* * * * *"},
+            # A task's arguments are held to Django's rules (normalize_json), not a job payload's (Q3).
+            "task-django-takes": {"task": TASK, "cron": "* * * * *", "args": [(1, 2), 10**30], "kwargs": {"k": ("x",)}},
+            "task-a-set": {"task": TASK, "cron": "* * * * *", "args": [{1, 2}]},
+            "task-nan": {"task": TASK, "cron": "* * * * *", "kwargs": {"k": float("nan")}},
         }
     }
     found = {(m.id, re.search(r"SCHEDULES'\]\['([^']+)'", m.msg).group(1)) for m in check_schedules()}
@@ -352,6 +358,8 @@ def test_the_checks_name_each_schedule_that_cannot_work(settings):
         ("jobruns.E020", "long-instance"),
         ("jobruns.E020", "long-label"),
         ("jobruns.E020", "latin-1 \\udce9"),
+        ("jobruns.E022", "task-a-set"),
+        ("jobruns.E022", "task-nan"),
     }, found
     said = {m.msg for m in check_schedules()}
     assert any("['cron'] must be at most 200 characters" in m and "0-59" in m for m in said), said
