@@ -364,10 +364,13 @@ def _run_task(p: Any) -> dict[str, Any]:
             attempts = [_InFlight(holder=p.holder, started_at=attempt.began)]
         task_in_flight = task_of(p._row, alias, payload, task)
         result = backend._result(p._row, task_in_flight, attempts, payload, TaskResultStatus.RUNNING)
-        task_started.send(sender, task_result=result)
     args, kwargs = list(payload.args), dict(payload.kwargs)
     token = _current_pass.set(p)
     try:
+        if result is not None:
+            # As Django's own backends: a receiver that raises keeps the body from running. Here it fails
+            # the attempt with its error, recorded (django-tasks-db's worker does the same).
+            task_started.send(sender, task_result=result)
         if takes_context:
             args = [JobRunsTaskContext(task_result=result), *args]
         if iscoroutinefunction(task.func):
@@ -415,7 +418,9 @@ def _finished(sender: Any, result: Any, status: Any, value: Any = None) -> Finis
             result.errors.append(attempt_error(error_class, traceback))
         if status == TaskResultStatus.SUCCESSFUL:
             object.__setattr__(result, "_return_value", value)
-        task_finished.send(sender, task_result=result)
+        # The ending write has committed: a receiver that raises is logged (``django.dispatch``), the other
+        # receivers still hear it, and neither the task's outcome nor the drive is touched.
+        task_finished.send_robust(sender, task_result=result)
 
     return send
 

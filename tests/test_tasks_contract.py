@@ -175,6 +175,57 @@ def finished_as_signalled(enqueue: Any) -> list[Any]:
     return seen
 
 
+def test_a_task_started_receiver_that_raises_fails_the_attempt_with_its_error_and_the_body_never_runs(tmp_path):
+    """As Django's own backends: the body does not run. Recorded: the receiver's error, not a record never ended."""
+
+    def receiver(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        raise RuntimeError("the started receiver broke")
+
+    log = tmp_path / "log"
+    _signals.task_started.connect(receiver, weak=False, dispatch_uid="started-raises")
+    try:
+        ours = t.echo.using(backend="once").enqueue("safe", str(log))
+        report = run_due_jobs()
+        with pytest.raises(RuntimeError, match="the started receiver broke"):
+            reference(t.echo, "safe", str(log))
+    finally:
+        _signals.task_started.disconnect(dispatch_uid="started-raises")
+    assert report.failed == 1 and report.unrecorded == [], report
+    ours.refresh()
+    assert ours.status == TaskResultStatus.FAILED and len(ours.errors) == 1
+    assert ours.errors[0].exception_class_path == "builtins.RuntimeError"
+    assert "the started receiver broke" in ours.errors[0].traceback
+    assert JobAttempt.objects.get(run_id=ours.id).ended_at is not None
+    assert not log.exists(), "neither body ran"
+
+
+def test_a_task_finished_receiver_that_raises_is_logged_and_neither_the_outcome_nor_the_drive_is_touched(caplog):
+    """The ending write has committed: the task stands, the drive goes on, the next receivers still hear it."""
+    heard = []
+
+    def breaks(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        raise RuntimeError("the finished receiver broke")
+
+    def hears(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        heard.append(task_result.status)
+
+    _signals.task_finished.connect(breaks, weak=False, dispatch_uid="finished-raises")
+    _signals.task_finished.connect(hears, weak=False, dispatch_uid="finished-hears")
+    try:
+        results = [t.add.enqueue(n, 1) for n in range(3)]
+        with caplog.at_level("ERROR"):
+            report = run_due_jobs()
+    finally:
+        _signals.task_finished.disconnect(dispatch_uid="finished-raises")
+        _signals.task_finished.disconnect(dispatch_uid="finished-hears")
+    assert report.completed == 3 and report.unrecorded == [], report
+    for result in results:
+        result.refresh()
+        assert result.status == TaskResultStatus.SUCCESSFUL
+    assert heard == [TaskResultStatus.SUCCESSFUL] * 3
+    assert caplog.text.count("the finished receiver broke") >= 3, caplog.text
+
+
 @pytest.mark.parametrize("task, args", [(t.failing_value_error, ()), (t.add, (2, 3))], ids=["failed", "successful"])
 def test_task_finished_carries_the_end_and_the_error_as_djangos_own_backend_sends_them(task, args):
     """A receiver of ``task_finished`` (error reporting, metrics) reads the attempt's end and, when it
