@@ -48,6 +48,22 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     return [checks.Error(message, id=check_id) for check_id, message in found]
 
 
+@checks.register(checks.Tags.compatibility)
+def check_time_zone_support(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """jobruns.E005: leases, due times and schedules are instants, judged by the database's UTC clock."""
+    if settings.USE_TZ:
+        return []
+    return [
+        checks.Error(
+            "django_jobruns needs USE_TZ = True: leases, due times and schedules are instants, compared across "
+            "hosts by the database's clock in UTC, and with naive local times they would be misjudged by the "
+            "time zone's offset.",
+            hint="Set USE_TZ = True (Django's default since 5.0); see Django's time zones guide for the migration.",
+            id="jobruns.E005",
+        )
+    ]
+
+
 @checks.register(checks.Tags.admin)
 def check_rangefilter_installed(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """jobruns.E004: the admin's date-range filters need ``rangefilter`` in ``INSTALLED_APPS``."""

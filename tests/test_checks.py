@@ -102,6 +102,21 @@ def test_e004_when_rangefilter_is_missing(settings):
     assert error.id == "jobruns.E004" and "rangefilter" in error.msg
 
 
+def test_e005_without_use_tz_and_the_scheduled_commands_stop_on_it(settings, tmp_path):
+    """With naive datetimes (local time on MariaDB and SQLite) the database's UTC clock would misjudge
+    leases and due times by the zone's offset; schedules and the admin failed outright."""
+    from django_jobruns.checks import check_time_zone_support
+
+    assert check_time_zone_support() == []
+    settings.USE_TZ = False
+    (error,) = check_time_zone_support()
+    assert error.id == "jobruns.E005" and "USE_TZ = True" in error.msg
+    (tmp_path / "naive_settings.py").write_text("from tests.support.settings import *  # noqa\nUSE_TZ = False\n")
+    env = {"DJANGO_SETTINGS_MODULE": "naive_settings", "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    done = _command(tmp_path, "run_due_jobs", "--max-passes", "1", **env)
+    assert done.returncode != 0 and "jobruns.E005" in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
 def _command(tmp_path: Any, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     environ = {
         **os.environ,
