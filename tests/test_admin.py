@@ -779,3 +779,25 @@ def test_estimates_are_asked_one_by_one_where_psycopg_3_is_not_installed(monkeyp
         planned = estimates.planned_rows_each(query, each)
     alone = [estimates.planned_rows(rows.filter(ended_at__gte=a, ended_at__lt=b, status=s)) for a, b, s in each]
     assert planned == alone and len(ctx.captured_queries) == 2
+
+
+@pytest.mark.parametrize(
+    "url, answer",
+    [
+        ("jobrun/?job=tests%00.walk", 302),
+        ("jobrun/?queue=default%00", 302),
+        ("jobrun/?status=running%00", 302),
+        ("jobrun/?lease_holder=%00", 302),
+        ("jobrun/%00/change/", 302),
+        ("jobrun/%00/cancel/", 404),
+        ("jobschedule/?timezone=UTC%00", 302),
+        ("jobschedule/%00/change/", 302),
+    ],
+)
+def test_a_nul_in_a_filter_or_an_id_is_an_unknown_lookup_or_object_not_a_server_error(admin_client, url, answer):
+    """PostgreSQL refuses a NUL in any text: the lookup raised its DataError, a 500, on that database alone."""
+    start_job_run("tests.walk", payload={"log": "/dev/null"})
+    response = admin_client.get(f"/admin/django_jobruns/{url}")
+    assert response.status_code == answer
+    if answer == 302:
+        assert response["Location"].endswith("?e=1") or response["Location"] == "/admin/", response["Location"]

@@ -13,7 +13,6 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
-from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path
 from django.utils import timezone
@@ -25,6 +24,7 @@ from ..models import JobRun, JobStep, Status
 from ..starts import restart_job_run
 from ..steering import cancel_job_run, pause_job_run, retry_job_run_now, unpause_job_run
 from .display import change_url
+from .pages import HeldLookups, held_or_404
 from .summary import summary
 
 RESTART_PERMISSION = "django_jobruns.restart_jobrun"
@@ -58,7 +58,7 @@ else:
     _AdminBase = admin.ModelAdmin
 
 
-class RunActions(_AdminBase):
+class RunActions(HeldLookups, _AdminBase):
     """The buttons and bulk actions of the run admin, and the permissions they check."""
 
     def has_restart_permission(self, request: HttpRequest) -> bool:
@@ -102,7 +102,7 @@ class RunActions(_AdminBase):
 
         Acting on a run one may not see would act on a guessed id.
         """
-        run = get_object_or_404(JobRun, pk=object_id)
+        run = held_or_404(JobRun.objects.all(), object_id)
         if not (permitted and self.has_view_permission(request, run)):
             raise PermissionDenied
         return run

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from django.contrib import admin
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ChangeList
 from django.core.paginator import Paginator
 from django.db import connections
-from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.db.models import Model, QuerySet
+from django.http import Http404, HttpRequest
+from django.shortcuts import get_object_or_404
 from django.utils.functional import cached_property
 
 from ..models import JobRun, Status
+from ..queue_safety import unstorable
 from ..records import STATES, in_state
 from ..registry import registered_jobs
 from ..store import estimates
@@ -82,6 +85,32 @@ class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
             return int(super().count)
         self.estimated = total > self.ESTIMATE_ABOVE
         return total
+
+
+_M = TypeVar("_M", bound=Model)
+
+
+class HeldLookups:
+    """An id or a filter's value no database holds (a NUL: PostgreSQL refuses it in any text, with a
+    ``DataError``) is one nothing matches: the object is not found, the filter an incorrect lookup
+    (``?e=1``), as Django's admin reads what it cannot look up. Not a server error on one database."""
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Any:
+        admin_class: Any = super()  # a mixin of a ModelAdmin
+        return None if unstorable(object_id) else admin_class.get_object(request, object_id, from_field)
+
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        if any(unstorable(value) for _, values in request.GET.lists() for value in values):
+            raise IncorrectLookupParameters("a filter's value holds what no database stores")
+        admin_class: Any = super()
+        return admin_class.get_changelist_instance(request)
+
+
+def held_or_404(queryset: QuerySet[_M], object_id: str) -> _M:
+    """``get_object_or_404`` for an id from the URL, which may hold what no database stores."""
+    if unstorable(object_id):
+        raise Http404(f"No {queryset.model._meta.object_name} matches the given query.")
+    return get_object_or_404(queryset, pk=object_id)
 
 
 class JobRunChangeList(ChangeList):

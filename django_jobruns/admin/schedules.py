@@ -13,7 +13,6 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
-from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
@@ -25,6 +24,7 @@ from ..models import JobRun, JobSchedule
 from ..outcomes import summary
 from ..schedule_specs import Schedule, declared
 from .display import change_url, exact_time, within
+from .pages import HeldLookups, held_or_404
 
 STEER_SCHEDULE_PERMISSION = "django_jobruns.steer_jobschedule"
 
@@ -39,7 +39,7 @@ def schedule_url(name: str) -> str:
 
 
 @admin.register(JobSchedule)
-class JobScheduleAdmin(_ScheduleAdminBase):
+class JobScheduleAdmin(HeldLookups, _ScheduleAdminBase):
     change_form_template = "admin/django_jobruns/jobschedule/change_form.html"
     list_display = ("name", "target", "when", "state", "next_tick_shown", "last_tick_shown", "last_run")
     list_filter = ("timezone",)
@@ -133,7 +133,7 @@ class JobScheduleAdmin(_ScheduleAdminBase):
         return super().render_change_form(request, context, *args, **kwargs)
 
     def steer_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        row = get_object_or_404(JobSchedule.objects.using(db.alias()), pk=object_id)
+        row = held_or_404(JobSchedule.objects.using(db.alias()), object_id)
         if not (self.has_steer_permission(request) and self.has_view_permission(request, row)):
             raise PermissionDenied
         self._steer(request, row.name, request.POST.get("verb", ""))
