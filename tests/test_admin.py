@@ -6,6 +6,7 @@ import importlib
 import re
 import sys
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.contrib.admin.models import ADDITION, LogEntry
@@ -801,3 +802,37 @@ def test_a_nul_in_a_filter_or_an_id_is_an_unknown_lookup_or_object_not_a_server_
     assert response.status_code == answer
     if answer == 302:
         assert response["Location"].endswith("?e=1") or response["Location"] == "/admin/", response["Location"]
+
+
+def test_a_bulk_action_on_thousands_acts_on_a_bounded_batch_and_says_so_in_a_few_lines(admin_client, monkeypatch):
+    """After an outage an operator selects every failed run and restarts them: one request stays short
+    (a proxy's timeout) and its page small, and clicking again goes on where the last click stopped."""
+    from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+
+    from django_jobruns.admin import actions
+
+    monkeypatch.setattr(actions, "BULK_MAX", 30)
+    finished_runs(45, "outage", status=Status.FAILED, payload='{"log": "/dev/null"}', last_error="provider down")
+    finished_runs(5, "fine", status=Status.DONE)
+    every = {"action": "restart_selected", "select_across": "1", "index": "0", ACTION_CHECKBOX_NAME: ["x"]}
+
+    def click(form: dict[str, Any]) -> list[str]:
+        response = admin_client.post(reverse(CHANGELIST), form, follow=True)
+        assert response.status_code == 200
+        return [str(m) for m in response.context["messages"]]
+
+    said = click(every)
+    assert JobRun.objects.filter(status=Status.RUNNING).count() == 30
+    assert len(said) <= 4, said
+    assert any("Restarted 30 failed runs as new runs" in m for m in said), said
+    assert any("15 more" in m and "again" in m for m in said), said
+    assert any("Skipped 5 run(s)" in m for m in said), said
+    said = click(every)
+    assert JobRun.objects.filter(status=Status.RUNNING).count() == 45
+    # Skipped: the 30 restarted by the first click, their 30 new runs, the 5 done.
+    assert any("Restarted 15 failed runs" in m for m in said) and any("Skipped 65 run(s)" in m for m in said), said
+    said = click({**every, "action": "pause_selected"})
+    assert JobRun.objects.filter(paused_at__isnull=False).count() == 30 and len(said) <= 4, said
+    assert any("Paused 30 runs" in m for m in said) and any("15 more" in m for m in said), said
+    click({**every, "action": "pause_selected"})
+    assert JobRun.objects.filter(paused_at__isnull=False).count() == 45

@@ -27,6 +27,14 @@ from .display import change_url
 from .pages import HeldLookups, held_or_404
 from .summary import summary
 
+#: Runs one bulk action acts on at most: the request stays within a proxy's timeout and its page
+#: small; chosen again, the action goes on with the runs still to act on.
+BULK_MAX = 1_000
+#: A bulk action on at most this many runs says each one; on more, it counts them.
+NAMED_MAX = 10
+#: What deciding and doing a steering verb reads of a run (``steering_verbs``, the log's name).
+_STEERED_FIELDS = ("id", "module", "job", "instance", "status", "paused_at", "next_attempt_at")
+
 RESTART_PERMISSION = "django_jobruns.restart_jobrun"
 STEER_PERMISSION = "django_jobruns.steer_jobrun"
 
@@ -137,7 +145,8 @@ class RunActions(HeldLookups, _AdminBase):
         }
         return TemplateResponse(request, "admin/django_jobruns/jobrun/cancel_confirmation.html", context)
 
-    def _steer(self, request: HttpRequest, run: JobRun, verb: str, *, reason: str = "") -> bool:
+    def _steer(self, request: HttpRequest, run: JobRun, verb: str, *, reason: str = "", say: bool = True) -> str | None:
+        """Steer ``run``; its error, if it could not be (said, with the success, when ``say``)."""
         label, done, act = STEERING[verb]
         try:
             if verb == "cancel":
@@ -146,25 +155,63 @@ class RunActions(HeldLookups, _AdminBase):
             else:
                 act(run)
         except JobRunsError as exc:
-            self.message_user(request, str(exc), messages.ERROR)
-            return False
+            if say:
+                self.message_user(request, str(exc), messages.ERROR)
+            return str(exc)
         self.log_change(request, run, f"{done} from the admin")
-        self.message_user(request, f"{done} run {run.pk}.", messages.SUCCESS)
-        return True
+        if say:
+            self.message_user(request, f"{done} run {run.pk}.", messages.SUCCESS)
+        return None
 
     def _steer_selected(self, request: HttpRequest, queryset: QuerySet[JobRun], verb: str) -> None:
-        runs = list(queryset.order_by("id"))
-        now = timezone.now()
-        skipped = [run.pk for run in runs if verb not in steering_verbs(run, now)]
-        if skipped:
+        now, batch, skipped, passed, more = timezone.now(), list[JobRun](), list[str](), 0, 0
+        # The live runs read a page at a time by id (no server-side cursor: a pooler may stand between),
+        # each checked by the verbs' own rule; the others are skipped, counted without being read.
+        live, after = queryset.filter(status=Status.RUNNING).only(*_STEERED_FIELDS).order_by("id"), ""
+        while page := list(live.filter(pk__gt=after)[:500]):
+            after = page[-1].pk
+            for run in page:
+                if verb not in steering_verbs(run, now):
+                    passed += 1
+                    if len(skipped) < NAMED_MAX:
+                        skipped.append(run.pk)
+                elif len(batch) < BULK_MAX:
+                    batch.append(run)
+                else:
+                    more += 1
+        ended = queryset.exclude(status=Status.RUNNING)
+        label, done, _ = STEERING[verb]
+        self._say_skipped(
+            request,
+            passed + ended.count(),
+            [*skipped, *ended.order_by("id").values_list("pk", flat=True)[:NAMED_MAX]],
+            f"to which {label!r} does not apply",
+        )
+        say = len(batch) <= NAMED_MAX
+        errors = [error for run in batch if (error := self._steer(request, run, verb, say=say)) is not None]
+        if not say:
+            self._say_batch(request, f"{done} {len(batch) - len(errors)} runs.", errors, label.lower(), more)
+        elif more:
+            self._say_batch(request, None, [], label.lower(), more)
+
+    def _say_skipped(self, request: HttpRequest, count: int, ids: list[str], why: str) -> None:
+        if count:
+            shown = ", ".join(ids[:NAMED_MAX]) + (", …" if count > NAMED_MAX else "")
+            self.message_user(request, f"Skipped {count} run(s) {why}: {shown}", messages.WARNING)
+
+    def _say_batch(self, request: HttpRequest, done: str | None, errors: list[str], verb: str, more: int) -> None:
+        """A bulk action's outcome in a few lines: what it did, what it could not, what is left."""
+        if done is not None:
+            self.message_user(request, done, messages.SUCCESS)
+        if errors:
+            self.message_user(request, f"{len(errors)} could not {verb}; the first: {errors[0]}", messages.ERROR)
+        if more:
             self.message_user(
                 request,
-                f"Skipped {len(skipped)} run(s) to which {STEERING[verb][0]!r} does not apply: {', '.join(skipped)}",
+                f"{more} more selected runs are still to {verb}: at most {BULK_MAX} are acted on at a time; "
+                "choose the action again.",
                 messages.WARNING,
             )
-        for run in runs:
-            if run.pk not in skipped:
-                self._steer(request, run, verb)
 
     @admin.action(description="Cancel selected live runs", permissions=["steer"])
     def cancel_selected(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> None:
@@ -187,17 +234,22 @@ class RunActions(HeldLookups, _AdminBase):
         run = self._run_permitted(request, object_id, self.has_restart_permission(request))
         resume = request.POST.get("resume") == "1"
         new = self._restart(request, run, resume=resume)
-        return HttpResponseRedirect(change_url(new.pk if new is not None else run.pk))
+        return HttpResponseRedirect(change_url(new.pk if isinstance(new, JobRun) else run.pk))
 
-    def _restart(self, request: HttpRequest, run: JobRun, *, resume: bool) -> JobRun | None:
+    def _restart(self, request: HttpRequest, run: JobRun, *, resume: bool, say: bool = True) -> JobRun | str:
+        """Restart ``run``; the new (or joined) run, or the error (said, with the outcome, when ``say``)."""
         verb = "Resumed" if resume else "Restarted"
         try:
             new, created = restart_job_run(run, resume=resume)
         except JobRunsError as exc:
-            self.message_user(request, str(exc), messages.ERROR)
-            return None
+            if say:
+                self.message_user(request, str(exc), messages.ERROR)
+            return str(exc)
         if created:
             self.log_addition(request, new, f"{verb} as a new run from failed run {run.pk}")
+        if not say:
+            return new
+        if created:
             self.message_user(
                 request,
                 format_html(
@@ -240,14 +292,25 @@ class RunActions(HeldLookups, _AdminBase):
         return self._bulk(request, queryset, resume=True)
 
     def _bulk(self, request: HttpRequest, queryset: QuerySet[JobRun], *, resume: bool) -> HttpResponse | None:
-        runs = list(queryset.order_by("id"))
-        skipped = [run.pk for run in runs if run.status != Status.FAILED]
-        if skipped:
-            self.message_user(
-                request, f"Skipped {len(skipped)} run(s) that are not failed: {', '.join(skipped)}", messages.WARNING
-            )
-        started = [self._restart(request, run, resume=resume) for run in runs if run.status == Status.FAILED]
-        landed = [new for new in started if new is not None]
+        # A failed run is restarted once: one restarted already is skipped, so a second click goes on.
+        to_restart = queryset.filter(status=Status.FAILED, restarted_as__isnull=True)
+        batch = list(to_restart.order_by("id")[:BULK_MAX])
+        others = queryset.exclude(pk__in=to_restart.values("pk"))
+        self._say_skipped(
+            request,
+            others.count(),
+            list(others.order_by("id").values_list("pk", flat=True)[:NAMED_MAX]),
+            "that are not failed or were restarted already",
+        )
+        say = len(batch) <= NAMED_MAX
+        started = [self._restart(request, run, resume=resume, say=say) for run in batch]
+        landed = [new for new in started if isinstance(new, JobRun)]
+        errors = [error for error in started if isinstance(error, str)]
+        verb = "Resumed" if resume else "Restarted"
+        done = f"{verb} {len(landed)} failed runs as new runs (or joined the live run of their key)."
+        self._say_batch(
+            request, None if say else done, [] if say else errors, "resume" if resume else "restart", to_restart.count()
+        )
         if len(landed) == 1:
             return HttpResponseRedirect(change_url(landed[0].pk))
         return None
