@@ -836,3 +836,30 @@ def test_a_bulk_action_on_thousands_acts_on_a_bounded_batch_and_says_so_in_a_few
     assert any("Paused 30 runs" in m for m in said) and any("15 more" in m for m in said), said
     click({**every, "action": "pause_selected"})
     assert JobRun.objects.filter(paused_at__isnull=False).count() == 45
+
+
+def test_a_pass_of_thousands_of_steps_shows_its_last_ones_and_says_how_many_there_are(admin_client):
+    """A failed pass of 20 000 steps took a minute to show whole, past a proxy's timeout; the last steps
+    (where it failed) are the ones an operator reads, and the command shows them all."""
+    from django_jobruns.admin import JobStepInline
+
+    run = failed_run("many-steps")
+    now = timezone.now()
+    total = JobStepInline.shown_max + 50
+    JobStep.objects.bulk_create(
+        [
+            JobStep(
+                run=run,
+                step=f"item:{n}",
+                result=None if n == total - 1 else "1",
+                recorded_at=now + timedelta(microseconds=n),
+                last_error="provider down" if n == total - 1 else None,
+            )
+            for n in range(total)
+        ]
+    )
+    with CaptureQueriesContext(connection) as queries:
+        page = admin_client.get(change_url(run)).content.decode()
+    assert f"item:{total - 1}" in page and f"item:{total - JobStepInline.shown_max}" in page
+    assert "item:49<" not in page and f"the last {JobStepInline.shown_max} of {total}" in page
+    assert len(queries) < 40, len(queries)
