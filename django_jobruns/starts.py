@@ -160,7 +160,7 @@ def restart_job_run(run: JobRun | str, *, resume: bool = False) -> tuple[JobRun,
     """
     run_id = run.pk if isinstance(run, JobRun) else run
     runs = JobRun.objects.using(db.alias())
-    current = runs.filter(pk=run_id).first()
+    current = None if not isinstance(run_id, str) or unstorable(run_id) else runs.filter(pk=run_id).first()
     if current is None:
         raise NotRestartable(f"no run has the id {run_id!r}")
     if current.status != Status.FAILED:

@@ -20,12 +20,15 @@ from . import db, signals, transitions
 from .exceptions import NotLive
 from .models import JobRun, Status
 from .outcomes import storable
+from .queue_safety import unstorable
 
 
 def _run_id(run: JobRun | str) -> str:
     run_id = run.pk if isinstance(run, JobRun) else run
     if not isinstance(run_id, str) or not run_id:
         raise NotLive(f"not a run or a run id: {run!r:.200}")
+    if unstorable(run_id):  # no row holds it: PostgreSQL would refuse the lookup itself
+        raise NotLive(f"no run has the id {run_id!r:.200}")
     return run_id
 
 

@@ -11,6 +11,7 @@ from django.db import connections
 from django_jobruns import (
     cancel_job_run,
     pause_job_run,
+    restart_job_run,
     retry_job_run_now,
     run_due_jobs,
     start_job_run,
@@ -66,6 +67,10 @@ def test_cancel_refuses_a_finished_run_and_an_unknown_one():
         cancel_job_run(run)
     with pytest.raises(JobRunsError, match="no run has the id"):
         cancel_job_run("01NOSUCHRUN")
+    # An id no database holds is one no run has (PostgreSQL raised its DataError for the NUL).
+    for verb in (cancel_job_run, pause_job_run, restart_job_run):
+        with pytest.raises(JobRunsError, match="no run has the id"):
+            verb(run.pk + "\x00")
     assert JobRun.objects.get(pk=run.pk).status == Status.DONE
 
 
