@@ -27,6 +27,7 @@ The three rules of the lease live here, with their SQL in :mod:`.store`:
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -210,8 +211,10 @@ class Claim:
         Or sooner: a renewal that failed is tried again, and a pass's timeout is
         looked at when it runs out (read the first time the keep-alive looks).
         """
+        if self.timed_out:
+            return math.inf  # never renewed again (D19)
         at = self._renewal_at()
-        if self.began is not None and not self.timed_out:
+        if self.began is not None:
             # No timeout is shorter than the shortest lease: look then, when the deadline is read.
             at = min(at, self.deadline if self.deadline is not None else self.began + _SHORTEST)
         return at
@@ -269,15 +272,15 @@ class Claim:
         return time.monotonic() >= self.deadline
 
     def time_out(self) -> None:
-        """The pass ran past its timeout: no more renewals; the lease lapses and the run is taken over (D19)."""
+        """The pass ran past its timeout: no more renewals (D19); still kept, so that a body that has not
+        returned when a quarter of its lease is left ends its process (``keepalive.first_overdue``)."""
         if self.timed_out:
             return
         self.timed_out = True
-        keepalive.forget(self)
         logger.warning(
-            "run %s: the pass ran past its timeout of %s: its lease is no longer renewed and lapses within "
-            "%s, when another drive takes the run over (charged) unless the pass returns first; p.stopping "
-            "is True",
+            "run %s: the pass ran past its timeout of %s: its lease is no longer renewed; unless its body returns "
+            "while a quarter of the lease (%s) is left, this process ends then, and the run is taken over, "
+            "charged; p.stopping is True",
             self.run_id,
             self.timeout,
             self.ttl,

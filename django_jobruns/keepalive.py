@@ -13,12 +13,14 @@ What a renewal finds is handed to the pass through the claim (D18,
 ``p.stopping``): another fence (the run was cancelled or taken over) marks the
 claim lost; a pause marks it paused (renewals go on: a paused run's lease is
 still its holder's until the pass ends). A pass past its ``timeout`` is no
-longer renewed: its lease lapses one lease later and the run is taken over as
-after a kill, unless the body returns first, which is recorded as a failed
-attempt (:class:`~django_jobruns.exceptions.PassTimedOut`).
+longer renewed; a body that returns while a quarter of its lease is left is a
+failed attempt (:class:`~django_jobruns.exceptions.PassTimedOut`), and one
+still running then ends its process (the watchdog's, which no statement holds
+up): its run is taken over as after a kill, and never beside a body that still
+runs.
 
 A lease therefore lapses only when its holder stops renewing: the process was
-killed or stopped, its network cut, or its pass ran past its timeout.
+killed or stopped, or its network cut.
 
 Cost: nothing while every body is shorter than a third of its lease (the step
 records renew it first); then one statement per third of a lease per body.
@@ -102,6 +104,16 @@ def first_lapse() -> float | None:
 
 
 watchdog.watch_leases(first_lapse)
+
+
+def first_overdue() -> tuple[float, str] | None:
+    """When (monotonic) a body past its pass's timeout must have returned, and its run: when a quarter of its
+    lease is left (D19). The watchdog ends the process then, before any drive can take the run over."""
+    ends = [(c.kept_at + c.ttl.total_seconds() * 3 / 4, c.run_id) for c in list(_kept.values()) if c.timed_out]
+    return min(ends, default=None)
+
+
+watchdog.watch_timeouts(first_overdue)
 
 
 def forget(claim: Claim) -> None:

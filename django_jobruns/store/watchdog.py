@@ -78,6 +78,7 @@ FLOOR = 2.0
 BACKSTOP = 1.0
 #: What says when the first kept lease lapses (monotonic), if any is kept: the keep-alive's.
 _leases: list[Callable[[], float | None]] = []
+_timeouts: list[Callable[[], tuple[float, str] | None]] = []
 #: The moment the sentinel was last told (``None``: that no lease is kept); the lock that keeps each word in
 #: step with what it read.
 _told: list[float | None] = [None]
@@ -228,6 +229,12 @@ def watch_leases(first_lapse: Callable[[], float | None]) -> None:
     _leases[:] = [first_lapse]
 
 
+def watch_timeouts(first_end: Callable[[], tuple[float, str] | None]) -> None:
+    """End this process when a body past its pass's timeout still runs at the moment, and for the run, that
+    ``first_end`` gives (the keep-alive's hook, D19): this thread is not held up by any statement."""
+    _timeouts[:] = [first_end]
+
+
 def kept() -> None:
     """A claim was kept: the sentinel told now, in the claiming thread, before the claim's body can run.
 
@@ -310,6 +317,9 @@ def _watch() -> None:
             if _backstop and not _armed:
                 faulthandler.cancel_dump_traceback_later()
                 _backstop.clear()
+        overdue = _timeouts[0]() if _timeouts else None
+        if overdue is not None and now >= overdue[0]:
+            _end_overdue_body(overdue[1])
         _tell_sentinel(now)
 
 
@@ -320,6 +330,19 @@ def _end_opening(bound: float) -> None:
         "the process ends, as a killed worker would, its runs taken over when their leases lapse. Each of its "
         "threads was:",
         bound,
+    )
+    with contextlib.suppress(Exception):
+        faulthandler.dump_traceback(file=sentinel.stderr(), all_threads=True)
+    os._exit(sentinel.EXIT_STATUS)
+
+
+def _end_overdue_body(run_id: str) -> None:
+    """End this process: a body past its pass's timeout still runs, and its lease is about to lapse (D19)."""
+    logger.critical(
+        "run %s: its pass ran past its timeout and its body has not returned with a quarter of its lease left: "
+        "the process ends, as a killed worker would, so that the drive that takes the run over (charged) when "
+        "its lease lapses never runs it beside this body. Each of its threads was:",
+        run_id,
     )
     with contextlib.suppress(Exception):
         faulthandler.dump_traceback(file=sentinel.stderr(), all_threads=True)
