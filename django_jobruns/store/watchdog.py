@@ -325,25 +325,28 @@ def _watch() -> None:
 
 def _end_opening(bound: float) -> None:
     """End this process: a connection outlasted twice its bound as it opened, and nothing else can end the wait."""
-    logger.error(
+    _end(
+        logging.ERROR,
         "a connection outlasted twice its bound of %.1f s as it opened (a partition?), with no socket to cut yet: "
-        "the process ends, as a killed worker would, its runs taken over when their leases lapse. Each of its "
-        "threads was:",
+        "the process ends, as a killed worker would, its runs taken over when their leases lapse.",
         bound,
     )
-    with contextlib.suppress(Exception):
-        faulthandler.dump_traceback(file=sentinel.stderr(), all_threads=True)
-    os._exit(sentinel.EXIT_STATUS)
 
 
 def _end_overdue_body(run_id: str) -> None:
     """End this process: a body past its pass's timeout still runs, and its lease is about to lapse (D19)."""
-    logger.critical(
+    _end(
+        logging.CRITICAL,
         "run %s: its pass ran past its timeout and its body has not returned with a quarter of its lease left: "
         "the process ends, as a killed worker would, so that the drive that takes the run over (charged) when "
-        "its lease lapses never runs it beside this body. Each of its threads was:",
+        "its lease lapses never runs it beside this body.",
         run_id,
     )
+
+
+def _end(level: int, why: str, *args: Any) -> None:
+    """Say why, print where each thread was, and end this process at once (as the sentinel would)."""
+    logger.log(level, f"{why} Each of its threads was:", *args)
     with contextlib.suppress(Exception):
         faulthandler.dump_traceback(file=sentinel.stderr(), all_threads=True)
     os._exit(sentinel.EXIT_STATUS)
