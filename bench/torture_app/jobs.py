@@ -22,8 +22,8 @@ LEASE = float(os.environ.get("TORTURE_LEASE_TTL", "5"))
 #: Each job's ``timeout`` (D19): well past its longest pass (a long body's three leases, a stop of
 #: one and a half). A body blocked for good -- a job's statement on the drive's connection whose
 #: answer a partition dropped, which nothing bounds (the torture job's own events go around it) --
-#: is kept alive until then and then given up: its run is taken over one lease later, as in
-#: production. With the default hour, a run whose holder's keep-alive got through again after the
+#: is kept alive until then and then given up: its worker ends when a quarter of the lease is left,
+#: and its run is taken over when the lease lapses, as in production. With the default hour, a run whose holder's keep-alive got through again after the
 #: partition stayed held past the harness's patience.
 TIMEOUT = timedelta(seconds=8 * LEASE)
 
