@@ -23,8 +23,9 @@ LEASE = float(os.environ.get("TORTURE_LEASE_TTL", "5"))
 #: one and a half). A body blocked for good -- a job's statement on the drive's connection whose
 #: answer a partition dropped, which nothing bounds (the torture job's own events go around it) --
 #: is kept alive until then and then given up: its worker ends when a quarter of the lease is left,
-#: and its run is taken over when the lease lapses, as in production. With the default hour, a run whose holder's keep-alive got through again after the
-#: partition stayed held past the harness's patience.
+#: and its run is taken over when the lease lapses, as in production. With the default hour, a run
+#: whose holder's keep-alive got through again after the partition stayed held past the harness's
+#: patience.
 TIMEOUT = timedelta(seconds=8 * LEASE)
 
 
