@@ -294,8 +294,9 @@ class RunActions(HeldLookups, _AdminBase):
     def _bulk(self, request: HttpRequest, queryset: QuerySet[JobRun], *, resume: bool) -> HttpResponse | None:
         # A failed run is restarted once: one restarted already is skipped, so a second click goes on.
         to_restart = queryset.filter(status=Status.FAILED, restarted_as__isnull=True)
-        batch = list(to_restart.order_by("id")[:BULK_MAX])
-        others = queryset.exclude(pk__in=to_restart.values("pk"))
+        # What the messages name: ``restart_job_run`` reads each run afresh (its payload among the rest).
+        batch = list(to_restart.only("id", "module", "job", "instance", "status").order_by("id")[:BULK_MAX])
+        others = queryset.exclude(status=Status.FAILED, restarted_as__isnull=True)
         self._say_skipped(
             request,
             others.count(),
