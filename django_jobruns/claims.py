@@ -279,7 +279,7 @@ class Claim:
         self.timed_out = True
         logger.warning(
             "run %s: the pass ran past its timeout of %s: its lease is no longer renewed; unless its body returns "
-            "while a quarter of the lease (%s) is left, this process ends then, and the run is taken over, "
+            "before only a quarter of the lease (%s) is left, this process ends then, and the run is taken over, "
             "charged; p.stopping is True",
             self.run_id,
             self.timeout,

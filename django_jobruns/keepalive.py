@@ -13,7 +13,7 @@ What a renewal finds is handed to the pass through the claim (D18,
 ``p.stopping``): another fence (the run was cancelled or taken over) marks the
 claim lost; a pause marks it paused (renewals go on: a paused run's lease is
 still its holder's until the pass ends). A pass past its ``timeout`` is no
-longer renewed; a body that returns while a quarter of its lease is left is a
+longer renewed; a body that returns before only a quarter of its lease is left is a
 failed attempt (:class:`~django_jobruns.exceptions.PassTimedOut`), and one
 still running then ends its process (the watchdog's, which no statement holds
 up): its run is taken over as after a kill, and never beside a body that still
