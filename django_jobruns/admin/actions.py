@@ -164,11 +164,12 @@ class RunActions(HeldLookups, _AdminBase):
         return None
 
     def _steer_selected(self, request: HttpRequest, queryset: QuerySet[JobRun], verb: str) -> None:
-        now, batch, skipped, passed, more = timezone.now(), list[JobRun](), list[str](), 0, 0
+        now, batch, skipped, passed, more = timezone.now(), list[JobRun](), list[str](), 0, False
         # The live runs read a page at a time by id (no server-side cursor: a pooler may stand between),
-        # each checked by the verbs' own rule; the others are skipped, counted without being read.
+        # each checked by the verbs' own rule, until the batch is full and one more is seen: a selection
+        # of millions is not read whole. The others are skipped, counted without being read.
         live, after = queryset.filter(status=Status.RUNNING).only(*_STEERED_FIELDS).order_by("id"), ""
-        while page := list(live.filter(pk__gt=after)[:500]):
+        while not more and (page := list(live.filter(pk__gt=after)[:500])):
             after = page[-1].pk
             for run in page:
                 if verb not in steering_verbs(run, now):
@@ -178,7 +179,8 @@ class RunActions(HeldLookups, _AdminBase):
                 elif len(batch) < BULK_MAX:
                     batch.append(run)
                 else:
-                    more += 1
+                    more = True
+                    break
         ended = queryset.exclude(status=Status.RUNNING)
         label, done, _ = STEERING[verb]
         self._say_skipped(
@@ -189,27 +191,27 @@ class RunActions(HeldLookups, _AdminBase):
         )
         say = len(batch) <= NAMED_MAX
         errors = [error for run in batch if (error := self._steer(request, run, verb, say=say)) is not None]
+        left = f"More selected runs are still to {label.lower()}" if more else ""
         if not say:
-            self._say_batch(request, f"{done} {len(batch) - len(errors)} runs.", errors, label.lower(), more)
+            self._say_batch(request, f"{done} {len(batch) - len(errors)} runs.", errors, label.lower(), left)
         elif more:
-            self._say_batch(request, None, [], label.lower(), more)
+            self._say_batch(request, None, [], label.lower(), left)
 
     def _say_skipped(self, request: HttpRequest, count: int, ids: list[str], why: str) -> None:
         if count:
             shown = ", ".join(ids[:NAMED_MAX]) + (", …" if count > NAMED_MAX else "")
             self.message_user(request, f"Skipped {count} run(s) {why}: {shown}", messages.WARNING)
 
-    def _say_batch(self, request: HttpRequest, done: str | None, errors: list[str], verb: str, more: int) -> None:
+    def _say_batch(self, request: HttpRequest, done: str | None, errors: list[str], verb: str, left: str) -> None:
         """A bulk action's outcome in a few lines: what it did, what it could not, what is left."""
         if done is not None:
             self.message_user(request, done, messages.SUCCESS)
         if errors:
             self.message_user(request, f"{len(errors)} could not {verb}; the first: {errors[0]}", messages.ERROR)
-        if more:
+        if left:
             self.message_user(
                 request,
-                f"{more} more selected runs are still to {verb}: at most {BULK_MAX} are acted on at a time; "
-                "choose the action again.",
+                f"{left}: at most {BULK_MAX} are acted on at a time; choose the action again.",
                 messages.WARNING,
             )
 
@@ -307,11 +309,11 @@ class RunActions(HeldLookups, _AdminBase):
         started = [self._restart(request, run, resume=resume, say=say) for run in batch]
         landed = [new for new in started if isinstance(new, JobRun)]
         errors = [error for error in started if isinstance(error, str)]
-        verb = "Resumed" if resume else "Restarted"
-        done = f"{verb} {len(landed)} failed runs as new runs (or joined the live run of their key)."
-        self._say_batch(
-            request, None if say else done, [] if say else errors, "resume" if resume else "restart", to_restart.count()
-        )
+        verb, left = ("resume" if resume else "restart"), to_restart.count()
+        done = f"{'Resumed' if resume else 'Restarted'} {len(landed)} failed runs as new runs"
+        done += " (or joined the live run of their key)."
+        more = f"{left} more selected failed runs are still to {verb}" if left else ""
+        self._say_batch(request, None if say else done, [] if say else errors, verb, more)
         if len(landed) == 1:
             return HttpResponseRedirect(change_url(landed[0].pk))
         return None
