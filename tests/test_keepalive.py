@@ -297,7 +297,7 @@ def test_a_body_that_returns_past_its_timeout_is_a_failed_attempt(behaviour):
     """D19: a pass that overran commits nothing of its own; the attempt is charged and retried by the policy."""
     gate = threading.Event()
 
-    @job("slow_returner", timeout=5, lease=5)
+    @job("slow_returner", timeout=5, lease=20)  # returns long before a quarter of its lease is left
     def slow_returner(p):
         p.step("s", lambda: gate.wait(5.5) or "late")
         return {"cursor": 1, "done": True}
