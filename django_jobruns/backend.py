@@ -285,8 +285,15 @@ def register_task_job(alias: str, options: dict[str, Any]) -> Job:
     return add(job, replace=True)
 
 
-@functools.cache
 def _column_lengths() -> dict[str, int]:
+    from django.apps import apps
+
+    # A task defined while the apps load (an app's module imported first) is checked by the insert alone.
+    return _installed_column_lengths() if apps.apps_ready else {}
+
+
+@functools.cache
+def _installed_column_lengths() -> dict[str, int]:
     from django.apps import apps
 
     if not apps.is_installed("django_jobruns"):
