@@ -14,7 +14,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,19 +110,16 @@ def check_queue_safe(value: Any, root: str) -> None:
 
 def dump_queue_safe(value: Any, root: str) -> str:
     """Check ``value`` and return its JSON text, refusing it over ``JOBRUNS['PAYLOAD_MAX_BYTES']``."""
-    from . import conf
-
     check_queue_safe(value, root)
-    text = json.dumps(value, allow_nan=False, separators=(",", ":"))
-    cap = int(conf.get("PAYLOAD_MAX_BYTES"))
-    size = len(text.encode())
-    if size > cap:
-        raise QueueUnsafe(
+    return _within_cap(
+        json.dumps(value, allow_nan=False, separators=(",", ":")),
+        "PAYLOAD_MAX_BYTES",
+        lambda size, cap: QueueUnsafe(
             f"{root} is not queue-safe: {root} is {size} bytes as JSON, over the cap of {cap} "
             "(JOBRUNS['PAYLOAD_MAX_BYTES']); a run carries ids and configuration, not the data itself",
             path=root,
-        )
-    return text
+        ),
+    )
 
 
 def dump_result(value: Any) -> str:
@@ -175,24 +172,39 @@ class Stored:
 def dump_task_value(value: Any) -> Stored:
     """A task's return value, in its JSON form already, as stored; refused past ``STEP_RESULT_MAX_BYTES``."""
     text = json.dumps(value, allow_nan=False, separators=(",", ":"))
-    cap = int(conf.get("STEP_RESULT_MAX_BYTES"))
-    if len(text) > cap // 4 and len(text.encode()) > cap:
-        raise TaskValueUnstorable(
-            f"the task's return value is {len(text.encode())} bytes as JSON, over the cap of {cap} "
-            "(JOBRUNS['STEP_RESULT_MAX_BYTES']); a result is stored: keep large data elsewhere and return its key"
+    refusal = "a result is stored: keep large data elsewhere and return its key"
+    return Stored(
+        _within_cap(
+            text,
+            "STEP_RESULT_MAX_BYTES",
+            lambda size, cap: TaskValueUnstorable(
+                f"the task's return value is {size} bytes as JSON, over the cap of {cap} "
+                f"(JOBRUNS['STEP_RESULT_MAX_BYTES']); {refusal}"
+            ),
         )
-    return Stored(text)
+    )
 
 
 def check_result_size(name: str, stored: str) -> None:
     """Refuse a step result over ``JOBRUNS["STEP_RESULT_MAX_BYTES"]``: every database must be able to store it."""
-    cap = int(conf.get("STEP_RESULT_MAX_BYTES"))
-    size = len(stored.encode())
-    if size > cap:
-        raise StepResultUnstorable(
+    _within_cap(
+        stored,
+        "STEP_RESULT_MAX_BYTES",
+        lambda size, cap: StepResultUnstorable(
             f"step {name!r} returned {size} bytes as JSON, over the cap of {cap} (JOBRUNS['STEP_RESULT_MAX_BYTES']); "
             "a step's result is stored: keep large data elsewhere and return its key"
-        )
+        ),
+    )
+
+
+def _within_cap(text: str, setting: str, refusal: Callable[[int, int], Exception]) -> str:
+    """``text``, or ``refusal(size, cap)`` raised if it is larger in bytes than the cap ``JOBRUNS[setting]``."""
+    cap = int(conf.get(setting))
+    if len(text) * 4 > cap:  # UTF-8 takes at most four bytes a character: shorter text is not encoded
+        size = len(text.encode())
+        if size > cap:
+            raise refusal(size, cap)
+    return text
 
 
 def unstorable(text: str) -> str | None:

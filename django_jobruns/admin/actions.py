@@ -192,10 +192,8 @@ class RunActions(HeldLookups, _AdminBase):
         say = len(batch) <= NAMED_MAX
         errors = [error for run in batch if (error := self._steer(request, run, verb, say=say)) is not None]
         left = f"More selected runs are still to {label.lower()}" if more else ""
-        if not say:
-            self._say_batch(request, f"{done} {len(batch) - len(errors)} runs.", errors, label.lower(), left)
-        elif more:
-            self._say_batch(request, None, [], label.lower(), left)
+        done_line = None if say else f"{done} {len(batch) - len(errors)} runs."
+        self._say_batch(request, done_line, [] if say else errors, label.lower(), left)
 
     def _say_skipped(self, request: HttpRequest, count: int, ids: list[str], why: str) -> None:
         if count:

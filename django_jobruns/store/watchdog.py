@@ -78,6 +78,7 @@ FLOOR = 2.0
 BACKSTOP = 1.0
 #: What says when the first kept lease lapses (monotonic), if any is kept: the keep-alive's.
 _leases: list[Callable[[], float | None]] = []
+#: What says when a body past its pass's timeout must have returned, and its run, if any: the keep-alive's.
 _timeouts: list[Callable[[], tuple[float, str] | None]] = []
 #: The moment the sentinel was last told (``None``: that no lease is kept); the lock that keeps each word in
 #: step with what it read.
