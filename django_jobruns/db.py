@@ -159,6 +159,21 @@ def replace_if_broken(bound: float | None = None) -> None:
         wrapper.close_if_unusable_or_obsolete()
 
 
+def mend_after_body(wrapper: Any, exc: BaseException | None = None) -> None:
+    """After a body ran on this thread's connection: replace it if the body found it dropped.
+
+    A body's own statement that the server answered by ending the connection
+    (a restart, a backend that crashes on it), caught or not, leaves the
+    connection dead under the engine's record of the body: that record is
+    then written on a new one. The failure is the body's, charged as any; left
+    to the engine's write, it would be the engine's, never charged, and the
+    run taken again without end. Only once the body met a database error
+    (Django's ``errors_occurred``): nothing on the way of a body that met none.
+    """
+    if wrapper.errors_occurred or isinstance(exc, DatabaseError):
+        replace_if_broken()
+
+
 class Clock(Protocol):
     """The one clock of a drive (D12): what it writes, and how its leases are judged.
 

@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from django.db import DatabaseError
-
 from . import db, signals
 from .claims import Claim
 from .exceptions import (
@@ -228,9 +226,11 @@ class Pass:
                 ) from exc
             check_result_size(name, stored)
         except BaseException as exc:
+            db.mend_after_body(wrapper, exc)
             self._record_step(name, None, attempts, storable(summary(exc)))
             self._failed_step = _StepFailure(name, attempts, retry or self._job.policy, exc)
             raise
+        db.mend_after_body(wrapper)
         self._record_step(name, stored, attempts, None)
         # Returned through the stored form, on the first run as on a replay, so
         # resumed code never sees a different type.
@@ -285,6 +285,7 @@ def _run_pass(
         p = Pass(run, job, claim, ledger)
         p._hooks = onlookers
         returned = db.ending_its_transactions(lambda: job.handler(p), "the handler")
+        db.mend_after_body(db.connection())
         claim.check_timeout()  # a pass that ran past its timeout commits nothing (D19)
         cursor, done = interpret_result(returned, run.cursor)
     except LeaseLost:
@@ -309,10 +310,9 @@ def _run_pass(
             if claim.store_failure is exc:
                 raise
             raise claim.store_failure from exc
-        if isinstance(exc, DatabaseError):
-            # The server dropped the connection under the pass (or it never
-            # opened): record the failure on a new one rather than losing it with the old.
-            db.replace_if_broken()
+        # The server dropped the connection under the pass (or it never opened):
+        # record the failure on a new one rather than losing it with the old.
+        db.mend_after_body(db.connection(), exc)
         if onlookers is not None:
             onlookers.failed(exc)
         outcome = _fail(run, job, claim, p, exc)

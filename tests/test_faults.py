@@ -15,6 +15,8 @@ from django.db import connection
 from django_jobruns import run_due_jobs, start_job_run
 from django_jobruns.models import JobRun, JobStep, Status
 from tests.conftest import Clock, effect_lines, manage, wait_until
+from tests.support import task_functions
+from tests.support.task_functions import end_own_connection
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -200,3 +202,76 @@ def test_a_threads_kept_connection_the_server_ended_between_rounds_is_replaced_a
     assert reports[0].completed == 4, reports[0]
     assert len(backends) > 2, backends  # the ended connections were replaced
     assert not JobRun.objects.exclude(status=Status.DONE).exists()
+
+
+networked = pytest.mark.skipif(
+    "os.environ.get('DATABASE_URL', '').split(':')[0] not in ('postgres', 'postgresql', 'mysql')",
+    reason="a server that ends its sessions: PostgreSQL's and MariaDB's",
+)
+
+
+@networked
+def test_a_step_body_that_ends_its_own_connection_and_raises_is_charged_until_the_run_fails(behaviour, clock):
+    """The failure is the body's: recorded on a new connection, charged, so the run ends instead of looping."""
+    calls: list[int] = []
+
+    def handler(p):
+        def body():
+            calls.append(1)
+            end_own_connection(swallow=False)
+
+        p.step("ends", body)
+        return {"done": True}
+
+    behaviour["ends-raising"] = handler
+    run, _ = start_job_run("tests.scripted", instance="ends-raising")
+    reports = []
+    for _ in range(4):
+        reports.append(run_due_jobs(now=clock))
+        clock.advance(hours=2)  # past any backoff
+    run.refresh_from_db()
+    assert [r.unrecorded for r in reports] == [[], [], [], []], reports
+    assert run.status == Status.FAILED and len(calls) == 3, (run.status, len(calls), run.last_error)
+    assert "step 'ends' failed (attempt 3 of 3)" in run.last_error
+    assert JobStep.objects.get(run=run, step="ends").attempts == 3
+
+
+@networked
+@pytest.mark.parametrize("where", ["step", "handler"])
+def test_a_body_that_ends_its_own_connection_and_goes_on_has_its_pass_recorded_on_a_new_one(behaviour, clock, where):
+    """A body that caught the error and went on: its step's result and its pass are written, once."""
+    calls: list[int] = []
+
+    def body():
+        calls.append(1)
+        end_own_connection(swallow=True)
+        return 7
+
+    def handler(p):
+        got = p.step("ends", body) if where == "step" else body()
+        return {"cursor": got, "done": True}
+
+    behaviour[f"ends-{where}"] = handler
+    run, _ = start_job_run("tests.scripted", instance=f"ends-{where}")
+    report = run_due_jobs(now=clock)
+    run.refresh_from_db()
+    assert report.unrecorded == [] and report.completed == 1, report
+    assert (run.status, run.cursor_value, len(calls)) == (Status.DONE, 7, 1)
+
+
+@networked
+@pytest.mark.parametrize("swallow", [True, False])
+def test_a_task_that_ends_its_own_connection_ends_as_django_says(swallow):
+    """SUCCESSFUL with its value when it went on; FAILED with its error once its retries are spent."""
+    result = task_functions.ends_its_connection.enqueue(swallow)
+    reports = [run_due_jobs() for _ in range(3)]
+    result.refresh()
+    assert [r.unrecorded for r in reports] == [[], [], []], reports
+    if swallow:
+        assert (result.status, result.return_value, len(result.worker_ids)) == ("SUCCESSFUL", "went on", 1)
+    else:
+        assert (result.status, len(result.errors)) == ("FAILED", 3), (result.status, result.errors)
+        assert {e.exception_class_path.rsplit(".", 1)[-1] for e in result.errors} <= {
+            "OperationalError",
+            "InterfaceError",
+        }

@@ -7,6 +7,8 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from django.db import InterfaceError, OperationalError, connection
+
 try:
     from django.tasks import task
 except ImportError:
@@ -258,3 +260,24 @@ def raises_a_whole_body(log: str) -> None:
     with open(log, "a") as out:
         out.write("ran\n")
     raise ValueError("<html>" + "x" * 20_000_000 + "</html>")
+
+
+@task()
+def ends_its_connection(swallow: bool) -> str:
+    """Its own statement ends its connection on the server, as a restart or a crashed backend would."""
+    end_own_connection(swallow=swallow)
+    return "went on"
+
+
+def end_own_connection(*, swallow: bool) -> None:
+    """A body's own statement ends its connection on the server (a restart, a backend that crashes on it)."""
+    try:
+        with connection.cursor() as cur:
+            sql = {"postgresql": "SELECT pg_terminate_backend(pg_backend_pid())", "mysql": "KILL CONNECTION_ID()"}
+            cur.execute(sql[connection.vendor])
+            cur.fetchall()
+    except (OperationalError, InterfaceError):
+        if not swallow:
+            raise
+    else:
+        raise AssertionError("the server did not end the connection")
