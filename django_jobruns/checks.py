@@ -83,7 +83,8 @@ def check_rangefilter_installed(app_configs: Any = None, **kwargs: Any) -> list[
 
 @checks.register(checks.Tags.compatibility)
 def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """jobruns.E020-E022: each schedule of ``JOBRUNS["SCHEDULES"]`` parses, names what exists, starts queue-safe."""
+    """jobruns.E020-E022: each schedule of ``JOBRUNS["SCHEDULES"]`` parses, names what exists, and starts with
+    what its start takes: a job's payload queue-safe, a task's arguments as Django's tasks take them."""
     from django.utils.module_loading import import_string
 
     from .exceptions import QueueUnsafe
@@ -132,5 +133,6 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
                 else:
                     json_form(value)  # a task's arguments: Django's rules, as its enqueue applies them
             except (QueueUnsafe, TypeError, ValueError, RecursionError) as exc:
-                messages.append(checks.Error(f"{where}[{key!r}] is not queue-safe: {exc}", id="jobruns.E022"))
+                refusal = "is not queue-safe" if schedule.job is not None else "is refused by Django's tasks"
+                messages.append(checks.Error(f"{where}[{key!r}] {refusal}: {exc}", id="jobruns.E022"))
     return messages

@@ -363,6 +363,9 @@ def test_the_checks_name_each_schedule_that_cannot_work(settings):
     }, found
     said = {m.msg for m in check_schedules()}
     assert any("['cron'] must be at most 200 characters" in m and "0-59" in m for m in said), said
+    # Each refusal in the words of the rule it broke: a payload's (Q3) or Django's, for a task's arguments.
+    assert any("['unsafe']['payload'] is not queue-safe" in m for m in said), said
+    assert any("['task-a-set']['args'] is refused by Django's tasks" in m and "set" in m for m in said), said
 
 
 @pytest.mark.django_db(transaction=True)
