@@ -9,7 +9,7 @@ key                    default                      meaning
 ``TIMEOUT``            ``timedelta(hours=1)``       longest pass, where a job names none (D19)
 ``DRIVE_LIMIT``        ``50``                       runs one drive takes at most (``--limit``)
 ``SCAN_MAX``           ``500``                      rows one drive reads at most
-``PAYLOAD_MAX_BYTES``  ``1_048_576``                largest payload or cursor, as JSON
+``PAYLOAD_MAX_BYTES``  ``1_048_576``                largest payload, cursor or counters, as JSON
 ``STEP_RESULT_MAX_BYTES`` ``4_194_304``             largest step result or task return value, as
                                                     JSON (below every database's default packet limit)
 ``SCHEDULES``          none                         periodic runs and tasks (``django_jobruns.schedules``;

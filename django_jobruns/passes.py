@@ -46,7 +46,15 @@ from .outcomes import (
     summary,
     with_traceback,
 )
-from .queue_safety import check_result_size, check_step_name, decode, decode_counters, dump_result, interpret_result
+from .queue_safety import (
+    check_result_size,
+    check_step_name,
+    decode,
+    decode_counters,
+    dump_counters,
+    dump_result,
+    interpret_result,
+)
 from .registry import Job
 from .retry import RetryPolicy
 from .store import store
@@ -288,6 +296,7 @@ def _run_pass(
         db.mend_after_body(db.connection())
         claim.check_timeout()  # a pass that ran past its timeout commits nothing (D19)
         cursor, done = interpret_result(returned, run.cursor)
+        counters_text = dump_counters(p._counters)
     except LeaseLost:
         return LOST
     except StepOver as exc:
@@ -334,7 +343,6 @@ def _run_pass(
             "step names must be a pure function of the payload and prior results, or resume repeats work"
         )
         logger.warning("run %s (%s): %s", run.id, run.title, warning)
-    counters_text = json.dumps(p._counters, separators=(",", ":"))
     committed = claim.commit(
         cursor, counters_text, done=done, release=release, warning=warning, drop_ledger=bool(ledger)
     )

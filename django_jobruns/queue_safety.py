@@ -122,6 +122,20 @@ def dump_queue_safe(value: Any, root: str) -> str:
     )
 
 
+def dump_counters(counters: dict[str, int | float]) -> str:
+    """A pass's counters as committed, refused over ``JOBRUNS['PAYLOAD_MAX_BYTES']``, the cap of the cursor
+    committed beside them: one counter name per item would grow them past any write the database takes."""
+    return _within_cap(
+        json.dumps(counters, separators=(",", ":")),
+        "PAYLOAD_MAX_BYTES",
+        lambda size, cap: QueueUnsafe(
+            f"counters are {size} bytes as JSON ({len(counters)} names), over the cap of {cap} "
+            "(JOBRUNS['PAYLOAD_MAX_BYTES']); count totals, not one name per item",
+            path="counters",
+        ),
+    )
+
+
 def dump_result(value: Any) -> str:
     """Return a step result's stored form.
 

@@ -215,3 +215,29 @@ def test_a_runs_failed_passes_over_its_life_are_kept_after_it_is_done(behaviour,
     assert 'class="field-attempts_and_next">3' in listing or ">3 failed" in listing, listing
     page = admin_client.get(reverse("admin:django_jobruns_jobrun_change", args=[run.pk])).content.decode()
     assert "Failed passes" in page
+
+
+def test_counters_past_the_payload_cap_fail_the_run_at_once_naming_it_and_keep_what_was_committed(
+    behaviour, clock, settings
+):
+    """One counter name per item grows the run's counters without end: past the cap (that of the cursor
+    committed beside them) the run fails at once, its committed counters kept, never a pass too large to record."""
+    settings.JOBRUNS = {"PAYLOAD_MAX_BYTES": 4096}
+
+    def per_item(p):
+        start = p.cursor or 0
+        p.step(f"page:{start}", lambda: start)
+        for item in range(start, start + 50):
+            p.count(f"sku-{item:08d}")  # a name per item: what a total would say in one
+        return {"cursor": start + 50}
+
+    behaviour["per-item"] = per_item
+    run, _ = start_job_run("tests.scripted", instance="per-item")
+    reports = [run_due_jobs(now=clock, max_passes=10) for _ in range(2)]
+    run.refresh_from_db()
+    assert run.status == Status.FAILED, (run.status, run.last_error)
+    assert "counters are" in run.last_error and "JOBRUNS['PAYLOAD_MAX_BYTES']" in run.last_error, run.last_error
+    assert "not retried" in run.last_error
+    committed = run.counters_value
+    assert 0 < len(committed) < 4096 / 10 and run.cursor_value == len(committed)  # the passes that fitted
+    assert sum(r.failed for r in reports) == 1 and all(r.unrecorded == [] for r in reports), reports
