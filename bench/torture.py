@@ -4,7 +4,7 @@
     python bench/torture.py --db {sqlite,postgres,mysql} --workers W --runs R --kills K [--seed S]
         [--poison P] [--stalls N] [--stops N] [--skewed-workers N]
         [--partitions N] [--holds N] [--delays N] [--terminations N] [--statement-terminations N]
-        [--pgbouncer POOL] [--between-stalls N] [--long-steps N] [--concurrency N]
+        [--pgbouncer POOL] [--between-stalls N] [--long-steps N] [--hung N] [--concurrency N]
 
 W ``manage.py run_due_jobs`` processes drive R runs of a job with several steps
 per pass and several passes. K SIGKILLs land in all: some sent by this harness
@@ -24,7 +24,11 @@ PgBouncer in transaction mode with its pool saturated; and on MariaDB workers
 stopped between the two statements of a fenced write, the run's row locked.
 And N runs whose step bodies each take two to three leases (``--long-steps``),
 kept alive while they run and checking ``p.stopping``: no two bodies of one
-run may overlap (counted from the bodies' own start and end rows). With
+run may overlap (counted from the bodies' own start and end rows). And N runs
+whose step body never returns nor looks at ``p.stopping`` (``--hung``), with a
+timeout of three leases: its worker must end before its run is taken over,
+past its timeout or cut off from its renewals by a partition -- no beat of one
+body after another body of its run began. With
 ``--concurrency N`` each worker drives with a random number of threads up to N
 (a round's first runs claimed together, one for each thread).
 Every worker is a drive with a budget (``--max-seconds``): how long each took
@@ -204,6 +208,9 @@ def parse_args() -> argparse.Namespace:
         "--long-steps", type=int, default=0, help="runs whose step bodies take 2-3 leases each (keep-alive)"
     )
     parser.add_argument(
+        "--hung", type=int, default=0, help="runs whose step body never returns nor checks p.stopping (D17, D19)"
+    )
+    parser.add_argument(
         "--delays", type=int, default=0, help="PostgreSQL: workers whose clock reading is delayed on one leg"
     )
     parser.add_argument(
@@ -357,6 +364,8 @@ class Harness:
             start_job_run("torture.poison", instance=f"poison{n}")
         for n in range(self.args.long_steps):
             start_job_run("torture.long_walk", instance=f"long{n}", payload={"passes": 2, "steps": 1})
+        for n in range(self.args.hung):
+            start_job_run("torture.hung", instance=f"hung{n}")
         # A quarter of the kills each inside a step body, between an effect and
         # its memo, and in a commit; the rest sent from here at random moments.
         per_point = self.args.kills // 4
@@ -850,6 +859,8 @@ class Harness:
         # as a body's end may be written after another body's start (a write waiting for
         # SQLite's lock) though the first body had stopped before the second began.
         bodies: dict[str, list[list[Any]]] = defaultdict(list)
+        # The hung bodies' starts and beats, by run: (when, kind, pid), by this host's clock.
+        hung: dict[str, list[tuple[float, str, int]]] = defaultdict(list)
         stopped_pids = set(self.stop_spans)
         poison_bodies: dict[str, int] = defaultdict(int)
         live_taken = lapsed_steps = 0
@@ -871,6 +882,9 @@ class Harness:
                 lapsed_steps += 1
             if kind == "body_start":
                 bodies[run_id].append([float(note), None, pid])
+                continue
+            if kind in ("hung_start", "hung_beat"):
+                hung[run_id].append((float(note), kind, pid))
                 continue
             if kind == "body_end":
                 for body in reversed(bodies[run_id]):
@@ -930,6 +944,20 @@ class Harness:
             for (_, end, pid), (later, _, other) in zip(spans, spans[1:], strict=False):
                 if end is not None and later < end and pid != other and pid not in stopped_pids:
                     overlapping_bodies += 1
+        # A hung body never ends by itself: its process ends (D19). A beat of one after another
+        # body of its run began (another process's) is two bodies at once, seen; the last beat
+        # is before the end, so an overlap shorter than a beat's interval goes unseen, never
+        # one that is not. A worker resumed after a stop beats once or twice before its
+        # watchdog ends it: not counted, as for the long bodies.
+        overlapping_hung = 0
+        for seen in hung.values():
+            # One body a process: the process ends with it.
+            began = {pid: when for when, kind, pid in seen if kind == "hung_start"}
+            for pid, start in began.items():
+                if pid in stopped_pids:
+                    continue
+                last = max(when for when, _, beat_pid in seen if beat_pid == pid)
+                overlapping_hung += any(start < other < last for by, other in began.items() if by != pid)
         # A body checks its lease as it starts (D11), so an effect on a lapsed lease is the
         # engine's fault -- unless the harness stopped its worker (SIGSTOP) after the body had
         # started and before the effect's write. A stop that began before the body started
@@ -1051,6 +1079,9 @@ class Harness:
             "long_done": sum(r.status == "done" for r in long_runs),
             "long_bodies": sum(len(spans) for spans in bodies.values()),
             "overlapping_live_bodies": overlapping_bodies,
+            "hung_failed": sum(r.status == "failed" for r in JobRun.objects.filter(job="hung", module="torture")),
+            "hung_bodies": sum(kind == "hung_start" for seen in hung.values() for _, kind, _ in seen),
+            "overlapping_hung_bodies": overlapping_hung,
             "repeated_committed_steps": repeated,
             "overlapping_holders": overlapping,
             "cursor_regressions": regressions,
@@ -1109,6 +1140,8 @@ def main() -> int:
         and result["overlapping_holders"] == 0
         and result["overlapping_live_bodies"] == 0
         and result["long_done"] == args.long_steps
+        and result["hung_failed"] == args.hung
+        and result["overlapping_hung_bodies"] == 0
         and result["cursor_regressions"] == 0
         and result["counters_exact"] == "yes"
         and result["drives_past_budget_plus_lease"] == 0
@@ -1145,6 +1178,12 @@ def main() -> int:
             f" long_steps={args.long_steps} long_done={result['long_done']} long_bodies={result['long_bodies']}"
             f" overlapping_live_bodies={result['overlapping_live_bodies']}"
             if args.long_steps
+            else ""
+        )
+        + (
+            f" hung={args.hung} hung_failed={result['hung_failed']} hung_bodies={result['hung_bodies']}"
+            f" overlapping_hung_bodies={result['overlapping_hung_bodies']}"
+            if args.hung
             else ""
         )
         + f" timed_out_passes={result['timed_out_passes']}"

@@ -89,6 +89,8 @@ class Claim:
     #: When the statement that last set the lease was sent, on this process's
     #: monotonic clock: when the keep-alive renews it next (whatever the clock).
     kept_at: float = field(default_factory=time.monotonic)
+    #: A step's record is in flight: the engine writes, bounded by the watchdog's cut; the body does not run.
+    writing: bool = False
     #: When a renewal that failed is tried again (monotonic), else ``None``.
     retry_at: float | None = None
     #: The pass in flight: its job, when it began (monotonic), its timeout and when that runs out.
@@ -273,7 +275,7 @@ class Claim:
 
     def time_out(self) -> None:
         """The pass ran past its timeout: no more renewals (D19); still kept, so that a body that has not
-        returned when a quarter of its lease is left ends its process (``keepalive.first_overdue``)."""
+        returned when a quarter of its lease is left ends its process (``keepalive.overdue``)."""
         if self.timed_out:
             return
         self.timed_out = True
@@ -311,6 +313,8 @@ class Claim:
         except TRANSIENT as exc:
             self.store_failure = exc
             raise
+        finally:
+            self.writing = False
         if not held:
             self.lost = True
             raise LeaseLost(f"run {self.run_id}: the lease lapsed and was taken; step {step!r} not run")
@@ -332,6 +336,7 @@ class Claim:
             lease_left=self.lease_left(),
             ttl=self.ttl,
         )
+        self.writing = True
         try:
             held, renewed = store().record_step(write)
         except TRANSIENT as exc:
@@ -344,6 +349,8 @@ class Claim:
                 ) from exc
             self.store_failure = exc
             raise
+        finally:
+            self.writing = False
         if not held:
             self.lost = True
             raise LeaseLost(f"run {self.run_id}: the lease was taken over while step {step!r} ran")

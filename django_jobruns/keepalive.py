@@ -106,14 +106,32 @@ def first_lapse() -> float | None:
 watchdog.watch_leases(first_lapse)
 
 
-def first_overdue() -> tuple[float, str] | None:
-    """When (monotonic) a body past its pass's timeout must have returned, and its run: when a quarter of its
-    lease is left (D19). The watchdog ends the process then, before any drive can take the run over."""
-    ends = [(c.kept_at + c.ttl.total_seconds() * 3 / 4, c.run_id) for c in list(_kept.values()) if c.timed_out]
-    return min(ends, default=None)
+#: A body still running this long before its lease lapses by its holder's count, its renewals failing (cut off
+#: from the database, its row held), ends its process (D17): the watchdog looks every tenth of a second.
+LAPSE_END = 0.25
 
 
-watchdog.watch_timeouts(first_overdue)
+def overdue() -> list[tuple[float, str, bool]]:
+    """When (monotonic) each kept claim's body must have returned, its run, and whether it is past its timeout.
+
+    Past its timeout (D19): when a quarter of its lease is left, its renewals
+    stopped. Else: just before its lease lapses, which renewals that land push
+    on; only those that fail let it come (a body that checks ``p.stopping`` has
+    returned by then). Not while a step's record is in flight: the watchdog
+    cuts that write. The watchdog ends the process then, before any drive can
+    take the run over.
+    """
+    ends = []
+    for claim in list(_kept.values()):
+        ttl = claim.ttl.total_seconds()
+        if claim.timed_out:
+            ends.append((claim.kept_at + ttl * 3 / 4, claim.run_id, True))
+        elif not claim.writing:
+            ends.append((claim.kept_at + ttl - LAPSE_END, claim.run_id, False))
+    return ends
+
+
+watchdog.watch_timeouts(overdue)
 
 
 def forget(claim: Claim) -> None:

@@ -511,3 +511,39 @@ def probed(since) -> bool:
             ["SELECT pg_notify(%probe:%", since],
         )
         return bool(cur.fetchone()[0])
+
+
+def test_a_body_cut_off_from_its_renewals_that_never_returns_ends_its_worker_before_the_run_is_taken_over(
+    tmp_path, effects
+):
+    """D17: a body well within its timeout that never looks at ``p.stopping``, its worker partitioned from the
+    database (sockets open), so that no renewal lands: its process ends just before its lease lapses, and the
+    drive that takes the run over never runs it beside that body. It ran on beside it."""
+    fifo, rescued = tmp_path / "entered.fifo", tmp_path / "rescued.fifo"
+    os.mkfifo(fifo)
+    os.mkfifo(rescued)
+    # No release: the holder's body waits for ever, as an upstream call with no timeout does.
+    payload = {"log": str(effects), "fifo": str(fifo), "rescued": str(rescued), "marker": str(tmp_path / "m")}
+    run, _ = start_job_run("tests.blocking", instance="cut-off", payload=payload)
+    rescuer = None
+    with forwarding(*database()) as forwarder:
+        holder = manage("run_due_jobs", "--holder", "A", "--lease-ttl", "5", extra_env=through(forwarder.port))
+        try:
+            with open(fifo) as announced:
+                assert int(announced.readline()) == holder.pid
+            forwarder.partitioned.set()
+            rescuer = manage("run_due_jobs", "--json", "--holder", "B", "--max-seconds", "60", "--lease-ttl", "5")
+            with open(rescued) as announced:
+                assert int(announced.readline()) == rescuer.pid
+            ended = holder.poll()
+        finally:
+            holder.kill()
+            _, said = holder.communicate(timeout=60)
+            if rescuer is not None:
+                rescuer.send_signal(signal.SIGTERM)
+                out, err = rescuer.communicate(timeout=120)
+    assert ended is not None, "the body whose lease lapsed still ran when the other drive's body began"
+    assert ended == sentinel.EXIT_STATUS and "its lease" in said, (ended, said)
+    assert rescuer.returncode == 0, err
+    assert json.loads(out)["taken_over"] == 1
+    assert [step for _, step in effect_lines(effects)].count("first") == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import threading
 import time
 from datetime import timedelta
 from typing import Any
@@ -15,7 +16,9 @@ from django_jobruns import RetryPolicy, job
 
 from .kills import CURRENT, maybe_die
 
-_direct: list[Any] = []
+#: Each thread's own connection for its events, where they go around the engine's (a driver's
+#: connection is one thread's at a time: the threads of a drive with --concurrency each write theirs).
+_direct = threading.local()
 
 #: The harness's lease (``--lease-ttl``).
 LEASE = float(os.environ.get("TORTURE_LEASE_TTL", "5"))
@@ -44,9 +47,9 @@ def _event(
         # network healed (the drive then measured past its budget for the job's wait), and an
         # effect says whether this process's lease was live by the server's clock as the body
         # started -- a step on a lapsed lease is the fault.
-        if not _direct:
-            _direct.append(_connect_direct(events_url))
-        cur = _direct[0].cursor()
+        if getattr(_direct, "connection", None) is None:
+            _direct.connection = _connect_direct(events_url)
+        cur = _direct.connection.cursor()
         if kind == "effect":
             mysql = events_url.startswith("mysql://")
             now, text = ("UTC_TIMESTAMP(6)", "CHAR") if mysql else ("clock_timestamp()", "TEXT")
@@ -176,6 +179,33 @@ def long_walk(p: Any) -> dict[str, Any]:
         p.step(name, body)
     following = position + 1
     return {"cursor": following, "done": following >= p.payload["passes"]}
+
+
+#: How many attempts a hung run gets, and how long its pass may run (D19): three leases, so that a hung
+#: worker cut off from its renewals (a partition) meets its lease's lapse before its timeout (D17).
+HUNG_ATTEMPTS = 2
+HUNG_TIMEOUT = timedelta(seconds=3 * LEASE)
+
+
+@job(retry=RetryPolicy(max_attempts=HUNG_ATTEMPTS, base_delay=0, jitter=0), timeout=HUNG_TIMEOUT)
+def hung(p: Any) -> dict[str, Any]:
+    """A body that never returns and never looks at ``p.stopping`` (a request with no timeout) (D19).
+
+    It says it still runs every tenth of a second, by this host's clock: a
+    beat of one body after another body of its run began is two at once.
+    Its worker ends before the lease lapses, past the pass's timeout or cut
+    off from its renewals; the run is taken over, charged, and fails once its
+    attempts are spent.
+    """
+
+    def body() -> None:
+        _event("hung_start", p.run.id, "hang", _now())
+        while True:
+            _event("hung_beat", p.run.id, "hang", _now())
+            time.sleep(0.1)
+
+    p.step("hang", body)
+    return {"done": True}
 
 
 #: How many attempts a poison run gets: every one of its passes kills its worker.

@@ -78,8 +78,9 @@ FLOOR = 2.0
 BACKSTOP = 1.0
 #: What says when the first kept lease lapses (monotonic), if any is kept: the keep-alive's.
 _leases: list[Callable[[], float | None]] = []
-#: What says when a body past its pass's timeout must have returned, and its run, if any: the keep-alive's.
-_timeouts: list[Callable[[], tuple[float, str] | None]] = []
+#: What says when each body must have returned, its run, and whether it is past its pass's timeout: the
+#: keep-alive's.
+_timeouts: list[Callable[[], list[tuple[float, str, bool]]]] = []
 #: The moment the sentinel was last told (``None``: that no lease is kept); the lock that keeps each word in
 #: step with what it read.
 _told: list[float | None] = [None]
@@ -230,10 +231,11 @@ def watch_leases(first_lapse: Callable[[], float | None]) -> None:
     _leases[:] = [first_lapse]
 
 
-def watch_timeouts(first_end: Callable[[], tuple[float, str] | None]) -> None:
-    """End this process when a body past its pass's timeout still runs at the moment, and for the run, that
-    ``first_end`` gives (the keep-alive's hook, D19): this thread is not held up by any statement."""
-    _timeouts[:] = [first_end]
+def watch_timeouts(ends: Callable[[], list[tuple[float, str, bool]]]) -> None:
+    """End this process when a body still runs at a moment ``ends`` gives (the keep-alive's hook): one past its
+    pass's timeout (D19), or one whose lease is about to lapse, its renewals failing (D17). This thread is not
+    held up by any statement. A process stopped (SIGSTOP) across a lapse is left to the fence on resuming."""
+    _timeouts[:] = [ends]
 
 
 def kept() -> None:
@@ -301,6 +303,7 @@ def _watch() -> None:
         idle.wait(TICK)
         now = time.monotonic()
         # What this thread ran since its last look; a longer gap is time the process was stopped (or starved).
+        before = previous
         ran, previous = min(now - previous, 2 * TICK), now
         with _lock:
             for token, (deadline, bound, target, _) in list(_armed.items()):
@@ -318,9 +321,14 @@ def _watch() -> None:
             if _backstop and not _armed:
                 faulthandler.cancel_dump_traceback_later()
                 _backstop.clear()
-        overdue = _timeouts[0]() if _timeouts else None
-        if overdue is not None and now >= overdue[0]:
-            _end_overdue_body(overdue[1])
+        for moment, run_id, timed_out in _timeouts[0]() if _timeouts else ():
+            if now < moment:
+                continue
+            if timed_out:
+                _end_overdue_body(run_id)
+            elif before < moment and now - before < LAPSE_MARGIN:
+                # Reached while the process ran: a lapse that came while it was stopped is left to the fence.
+                _end_lapsing_body(run_id)
         _tell_sentinel(now)
 
 
@@ -341,6 +349,17 @@ def _end_overdue_body(run_id: str) -> None:
         "run %s: its pass ran past its timeout and its body has not returned with a quarter of its lease left: "
         "the process ends, as a killed worker would, so that the drive that takes the run over (charged) when "
         "its lease lapses never runs it beside this body.",
+        run_id,
+    )
+
+
+def _end_lapsing_body(run_id: str) -> None:
+    """End this process: a body still runs, its lease about to lapse, no renewal having landed (D17)."""
+    _end(
+        logging.CRITICAL,
+        "run %s: its lease is about to lapse, no renewal having landed (cut off from the database?), and its body "
+        "has not returned: the process ends, as a killed worker would, so that the drive that takes the run over "
+        "(charged) never runs it beside this body.",
         run_id,
     )
 
