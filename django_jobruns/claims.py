@@ -89,7 +89,8 @@ class Claim:
     #: When the statement that last set the lease was sent, on this process's
     #: monotonic clock: when the keep-alive renews it next (whatever the clock).
     kept_at: float = field(default_factory=time.monotonic)
-    #: A step's record is in flight: the engine writes, bounded by the watchdog's cut; the body does not run.
+    #: A step's record or the renewal before a step is in flight: the engine writes, bounded by the watchdog's
+    #: cut; no body runs.
     writing: bool = False
     #: When a renewal that failed is tried again (monotonic), else ``None``.
     retry_at: float | None = None
@@ -308,6 +309,7 @@ class Claim:
         if not self.lapsing():
             return
         kept_at, sent = time.monotonic(), self.clock.mark()
+        self.writing = True
         try:
             held = store().heartbeat(self.run_id, self.fence, self.extended())
         except TRANSIENT as exc:
