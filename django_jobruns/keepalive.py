@@ -89,6 +89,11 @@ def keep(claim: Claim) -> None:
     watchdog.kept()
 
 
+def _lapses_at(claim: Claim) -> float:
+    """When (monotonic) ``claim``'s lease lapses by its holder's count: from when the statement that set it was sent."""
+    return claim.kept_at + claim.ttl.total_seconds()
+
+
 def first_lapse() -> float | None:
     """When (monotonic) the first kept lease lapses, counted from when the statement that set it was sent.
 
@@ -100,7 +105,7 @@ def first_lapse() -> float | None:
     claims = list(_kept.values())
     if not claims:
         return None
-    return min(claim.kept_at + claim.ttl.total_seconds() for claim in claims)
+    return min(_lapses_at(claim) for claim in claims)
 
 
 watchdog.watch_leases(first_lapse)
@@ -123,11 +128,10 @@ def overdue() -> list[tuple[float, str, bool]]:
     """
     ends = []
     for claim in list(_kept.values()):
-        ttl = claim.ttl.total_seconds()
         if claim.timed_out:
-            ends.append((claim.kept_at + ttl * 3 / 4, claim.run_id, True))
+            ends.append((_lapses_at(claim) - claim.ttl.total_seconds() / 4, claim.run_id, True))
         elif not claim.writing:
-            ends.append((claim.kept_at + ttl - LAPSE_END, claim.run_id, False))
+            ends.append((_lapses_at(claim) - LAPSE_END, claim.run_id, False))
     return ends
 
 
