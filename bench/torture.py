@@ -944,7 +944,7 @@ class Harness:
             for (_, end, pid), (later, _, other) in zip(spans, spans[1:], strict=False):
                 if end is not None and later < end and pid != other and pid not in stopped_pids:
                     overlapping_bodies += 1
-        # A hung body never ends by itself: its process ends (D19). A beat of one after another
+        # A hung body never ends by itself: its process ends (D17, D19). A beat of one after another
         # body of its run began (another process's) is two bodies at once, seen; the last beat
         # is before the end, so an overlap shorter than a beat's interval goes unseen, never
         # one that is not. A worker resumed after a stop beats once or twice before its

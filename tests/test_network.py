@@ -30,6 +30,7 @@ from django_jobruns.models import JobRun
 from django_jobruns.store import sentinel
 from tests.conftest import effect_lines, manage, wait_until
 from tests.support.netfault import Forwarder, delay_clock_reading, forwarding
+from tests.support.task_functions import END_OWN_CONNECTION
 
 pytestmark = [
     pytest.mark.slow,
@@ -174,10 +175,7 @@ def test_a_release_on_a_dropped_connection_is_made_on_a_new_one_and_never_charge
     behaviour["dropped"] = handler
     run, _ = start_job_run("tests.scripted", instance="dropped")
     dropped: list[str] = []
-    end_own_connection = {
-        "postgresql": "SELECT pg_terminate_backend(pg_backend_pid())",
-        "mysql": "KILL CONNECTION_ID()",
-    }[connection.vendor]
+    end_own_connection = END_OWN_CONNECTION[connection.vendor]
 
     def drop_the_connection_under_the_release(execute, sql, params, many, context):
         if stop.is_set() and not dropped and sql.startswith("UPDATE") and "lease_holder" in sql and "cursor" not in sql:

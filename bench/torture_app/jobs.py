@@ -189,7 +189,7 @@ HUNG_TIMEOUT = timedelta(seconds=3 * LEASE)
 
 @job(retry=RetryPolicy(max_attempts=HUNG_ATTEMPTS, base_delay=0, jitter=0), timeout=HUNG_TIMEOUT)
 def hung(p: Any) -> dict[str, Any]:
-    """A body that never returns and never looks at ``p.stopping`` (a request with no timeout) (D19).
+    """A body that never returns and never looks at ``p.stopping`` (a request with no timeout) (D17, D19).
 
     It says it still runs every tenth of a second, by this host's clock: a
     beat of one body after another body of its run began is two at once.

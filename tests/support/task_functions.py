@@ -269,12 +269,15 @@ def ends_its_connection(swallow: bool) -> str:
     return "went on"
 
 
+#: The statement by which a session ends itself on the server, by vendor.
+END_OWN_CONNECTION = {"postgresql": "SELECT pg_terminate_backend(pg_backend_pid())", "mysql": "KILL CONNECTION_ID()"}
+
+
 def end_own_connection(*, swallow: bool) -> None:
     """A body's own statement ends its connection on the server (a restart, a backend that crashes on it)."""
     try:
         with connection.cursor() as cur:
-            sql = {"postgresql": "SELECT pg_terminate_backend(pg_backend_pid())", "mysql": "KILL CONNECTION_ID()"}
-            cur.execute(sql[connection.vendor])
+            cur.execute(END_OWN_CONNECTION[connection.vendor])
             cur.fetchall()
     except (OperationalError, InterfaceError):
         if not swallow:
